@@ -1,0 +1,61 @@
+"""Shared fixtures: a small corpus prepared with the real prepare() into a temporary cache."""
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import prepare  # noqa: E402
+
+WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "
+         "quickly slowly happily and but then café naïve 東京 über").split()
+
+
+def make_corpus(n_docs: int = 400, seed: int = 0) -> list[str]:
+    """Documents of simple repetitive sentences: learnable, with some multi-byte characters."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences = []
+        for _ in range(rng.randint(2, 8)):
+            n = rng.randint(4, 10)
+            sentences.append(" ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + ".")
+        docs.append(" ".join(sentences))
+    return docs
+
+
+def prepare_small(cache: Path, corpus_dir: Path, **overrides) -> dict:
+    corpus_dir.mkdir(parents=True, exist_ok=True)
+    with open(corpus_dir / "docs.jsonl", "w", encoding="utf-8") as f:
+        import json
+        for doc in make_corpus():
+            f.write(json.dumps({"text": doc}) + "\n")
+    os.environ["AUTORESEARCH_CACHE"] = str(cache)
+    settings = dict(profile="cpu", dataset="local", path=str(corpus_dir), vocab_size=300, max_seq_len=32,
+                    eval_tokens=512, log=lambda *a: None)
+    settings.update(overrides)
+    return prepare.prepare(**settings)
+
+
+@pytest.fixture(scope="session")
+def small_cache(tmp_path_factory):
+    """A prepared cache directory (local dataset, vocab 300, sequence 32), shared read-only by tests."""
+    root = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("AUTORESEARCH_CACHE")
+    prepare_small(root, tmp_path_factory.mktemp("corpus"))
+    if old is None:
+        os.environ.pop("AUTORESEARCH_CACHE", None)
+    else:
+        os.environ["AUTORESEARCH_CACHE"] = old
+    return root
+
+
+@pytest.fixture
+def use_cache(small_cache, monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
+    return small_cache

@@ -1,0 +1,319 @@
+"""The fixed half: cleaning, tokenizer, packing, the metric, downloads and refusals."""
+
+import hashlib
+import http.server
+import io
+import json
+import math
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import prepare
+from conftest import make_corpus, prepare_small
+
+# --- cleaning -------------------------------------------------------------
+
+
+def test_decode_falls_back_to_latin1():
+    assert prepare.decode_text("caf\xe9\r\nbar".encode("latin-1")) == "café\nbar"
+    assert prepare.decode_text("café".encode("utf-8")) == "café"
+
+
+def test_boilerplate_is_stripped_and_lines_rejoined():
+    text = ("[Title]\n\nIt was a dark\nand stormy night.\n\nThe end.\n\n"
+            "End of Project Gutenberg's Title\n\n*** END OF THE PROJECT GUTENBERG EBOOK ***\nLicence text\n")
+    cleaned = prepare.strip_gutenberg_boilerplate(text)
+    assert "Gutenberg" not in cleaned and "Licence" not in cleaned
+    assert prepare.paragraphs(cleaned) == ["[Title]", "It was a dark and stormy night.", "The end."]
+
+
+def test_documents_group_paragraphs_and_holdout_is_the_tail():
+    text = "\n\n".join(f"paragraph {i} " + "x" * 50 for i in range(40))
+    docs = prepare.documents(text, min_chars=200)
+    assert all(len(d) >= 200 for d in docs[:-1])
+    assert "".join(docs).count("paragraph") == 40
+    train, val = prepare.split_holdout(docs, 0.2)
+    assert train + val == docs and val == docs[-len(val):] and len(val) == round(len(docs) * 0.2)
+
+# --- tokenizer ----------------------------------------------------------------
+
+
+def test_token_bytes_are_raw_byte_lengths(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+    lengths = tok.token_byte_lengths
+    not_utf8 = []
+    for token, rank in tok.enc._mergeable_ranks.items():
+        assert lengths[rank] == len(token)
+        try:
+            token.decode("utf-8")
+        except UnicodeDecodeError:
+            not_utf8.append(rank)
+    assert not_utf8, "a byte-level vocabulary always has tokens that are not valid UTF-8 alone"
+    # Such a token decodes to U+FFFD (3 bytes) on its own; the metric must count its real length.
+    rank = tok.enc.encode_single_token(b"\xe6")
+    assert tok.decode([rank]) == "\ufffd" and lengths[rank] == 1
+    assert all(lengths[i] == 0 for i in tok.special_tokens.values())
+    # Byte counts add up to the exact UTF-8 size of any text, including multi-byte characters.
+    for doc in make_corpus(20, seed=5):
+        ids = tok.encode(doc, prepend_bos=True)
+        assert int(lengths[ids].sum()) == len(doc.encode("utf-8"))
+
+
+def test_tokenizer_round_trips_through_json(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+    again = prepare.Tokenizer.from_json(tok.to_json())
+    text = "Über den 東京 river, quickly."
+    assert again.encode(text) == tok.encode(text) and again.decode(tok.encode(text)) == text
+    assert again.get_vocab_size() == tok.get_vocab_size() == 300
+
+# --- packing -------------------------------------------------------------------
+
+
+def _docs_by_content(cache: Path) -> set[tuple]:
+    manifest = prepare.load_manifest(cache)
+    out = set()
+    for prefix in sorted((cache / manifest["data_dir"]).glob("train_*.tokens.npy")):
+        tokens = np.load(prefix)
+        offsets = np.load(str(prefix).replace(".tokens.", ".offsets."))
+        out |= {tuple(tokens[a:b]) for a, b in zip(offsets[:-1], offsets[1:])}
+    return out
+
+
+def test_packing_invariants(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+    bos = tok.get_bos_token_id()
+    docs = _docs_by_content(use_cache)
+    loader = prepare.make_dataloader(tok, batch_size=8, seq_len=32, seed=1)
+    for _ in range(20):
+        x, y, epoch = next(loader)
+        assert x.shape == y.shape == (8, 32) and x.dtype == torch.int64
+        assert (x[:, 0] == bos).all()
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        assert not (x == tok.special_tokens["<|pad|>"]).any()
+        for row in torch.cat([x, y[:, -1:]], dim=1).tolist():
+            starts = [i for i, t in enumerate(row) if t == bos] + [len(row)]
+            pieces = [tuple(row[a:b]) for a, b in zip(starts[:-1], starts[1:])]
+            # every piece is a whole document, except the one cropped to fill the row, which is a prefix
+            cropped = [p for p in pieces if p not in docs]
+            assert len(cropped) <= 1
+            assert all(any(d[:len(p)] == p for d in docs) for p in cropped)
+
+
+def test_packing_is_deterministic_and_infinite(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+
+    def take(seed, n):
+        loader = prepare.make_dataloader(tok, batch_size=16, seq_len=32, seed=seed)
+        return [next(loader) for _ in range(n)]
+
+    a, b, c = take(0, 5), take(0, 5), take(1, 5)
+    assert all(torch.equal(p[0], q[0]) for p, q in zip(a, b))
+    assert not all(torch.equal(p[0], q[0]) for p, q in zip(a, c))
+    # The corpus holds ~20k training tokens: 100 batches of 512 run over several epochs without stopping.
+    epochs = [e for _, _, e in take(0, 100)]
+    assert epochs[0] == 1 and epochs[-1] >= 2 and epochs == sorted(epochs)
+
+
+def test_no_training_shards_is_an_error_not_a_hang(small_cache, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "cache"
+    shutil.copytree(small_cache, copy)
+    for f in (copy / "data" / "local").glob("train_*"):
+        f.unlink()
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(copy))
+    tok = prepare.Tokenizer.from_directory()
+    with pytest.raises(prepare.PrepareError, match="No training shards"):
+        next(prepare.make_dataloader(tok, 4, 32))
+
+# --- the metric -------------------------------------------------------------
+
+
+class UniformModel(torch.nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x, y, reduction="mean"):
+        logits = torch.zeros(*x.shape, self.vocab_size) + self.dummy
+        return torch.nn.functional.cross_entropy(logits.view(-1, self.vocab_size), y.reshape(-1), reduction=reduction)
+
+
+def test_uniform_model_bpb_matches_hand_computation(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+    rows = prepare.validation_rows()
+    targets = rows[:, 1:].reshape(-1)
+    nbytes = tok.token_byte_lengths[targets]
+    expected = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
+    model = UniformModel(tok.get_vocab_size())
+    bpb = prepare.evaluate_bpb(model, tok, batch_size=5)
+    assert bpb == pytest.approx(expected, rel=1e-6)  # float32 losses
+    assert prepare.evaluate_bpb(model, tok, batch_size=16) == bpb
+    assert rows.shape == (512 // 32, 33)
+
+# --- fingerprint and refusals -------------------------------------------------------
+
+
+def test_fingerprint_changes_with_the_fixed_half(small_cache, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "cache"
+    shutil.copytree(small_cache, copy)
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(copy))
+    before = prepare.fingerprint()
+    assert prepare.fingerprint() == before
+    tokens = copy / "data" / "local" / "val.tokens.npy"
+    data = bytearray(tokens.read_bytes())
+    data[-1] ^= 1
+    tokens.write_bytes(bytes(data))
+    assert prepare.fingerprint() != before
+    assert prepare.verify(prepare.load_manifest()) == ["data/local/val.tokens.npy does not match its checksum"]
+    tokens.write_bytes(bytes(data[:-2]))
+    with pytest.raises(prepare.PrepareError, match="prepare.py --force"):
+        prepare.fingerprint()
+
+
+def test_prepare_is_idempotent_and_interruption_leaves_nothing_usable(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    first = prepare_small(cache, tmp_path / "corpus")
+    manifest_path = cache / "manifest.json"
+    stamp = manifest_path.stat().st_mtime_ns
+    again = prepare_small(cache, tmp_path / "corpus")
+    assert again == first and manifest_path.stat().st_mtime_ns == stamp
+    # A prepare that fails half-way (here: the source has too little text) leaves no manifest behind.
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "a.txt").write_text("one short line")
+    with pytest.raises(prepare.PrepareError, match="at least two"):
+        prepare_small(cache, tmp_path / "corpus", path=str(tmp_path / "tiny"), vocab_size=301)
+    assert not manifest_path.exists()
+    with pytest.raises(prepare.PrepareError, match="python prepare.py"):
+        prepare.require_manifest()
+
+
+def test_missing_npm_names_the_alternatives(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(prepare.PrepareError) as err:
+        prepare.fetch_gutenberg_tarball(tmp_path / "downloads")
+    assert "--dataset local" in str(err.value) and "--dataset climbmix" in str(err.value)
+
+
+@pytest.mark.parametrize("value, ok", [("5", True), ("300", True), ("0", False), ("301", False), ("abc", False)])
+def test_time_budget_can_only_be_shortened(monkeypatch, value, ok):
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", value)
+    if ok:
+        assert prepare.time_budget() == int(value)
+    else:
+        with pytest.raises(prepare.PrepareError, match="AUTORESEARCH_TIME_BUDGET"):
+            prepare.time_budget()
+
+
+def test_bad_local_input_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(prepare.PrepareError, match="does not exist"):
+        prepare.prepare(dataset="local", path=str(tmp_path / "nope"), log=lambda *a: None)
+    (tmp_path / "bad.jsonl").write_text('{"txt": "no text field"}\n')
+    with pytest.raises(prepare.PrepareError, match=r'bad.jsonl:1: .*"text" field'):
+        prepare.prepare(dataset="local", path=str(tmp_path / "bad.jsonl"), log=lambda *a: None)
+    with pytest.raises(prepare.PrepareError, match="needs `--path"):
+        prepare.prepare(dataset="local", log=lambda *a: None)
+    assert prepare.main(["--dataset", "local", "--path", str(tmp_path / "nope")]) == 2
+
+# --- climbmix download against a local server ------------------------------------------
+
+
+def _parquet_bytes(texts):
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": texts}), buf)
+    return buf.getvalue()
+
+
+class ShardServer:
+    """Serves shard_XXXXX.parquet with the sha256 as X-Linked-ETag, like Hugging Face. `faults` maps a shard
+    index to a list of faults to apply to successive requests: 'error' (HTTP 500) or 'corrupt' (truncated)."""
+
+    def __init__(self, shards: dict[int, bytes], faults: dict[int, list[str]]):
+        self.shards, self.faults, self.requests = shards, faults, []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                index = int(self.path.rsplit("_", 1)[1].split(".")[0])
+                server.requests.append(index)
+                fault = server.faults.get(index, []).pop(0) if server.faults.get(index) else None
+                if fault == "error" or index not in server.shards:
+                    self.send_response(500 if fault else 404)
+                    self.end_headers()
+                    return
+                body = server.shards[index]
+                self.send_response(200)
+                self.send_header("X-Linked-ETag", '"%s"' % hashlib.sha256(body).hexdigest())
+                if fault == "corrupt":
+                    body = body[: len(body) // 2]
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def climbmix_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(prepare, "DOWNLOAD_BACKOFF", 0.01)
+    monkeypatch.setattr(prepare, "DOWNLOAD_ATTEMPTS", 3)
+    corpus = make_corpus(600)
+    shards = {0: _parquet_bytes(corpus[:250]), 1: _parquet_bytes(corpus[250:500]),
+              prepare.CLIMBMIX_VAL_SHARD: _parquet_bytes(corpus[500:])}
+    servers = []
+
+    def start(faults):
+        server = ShardServer(shards, faults)
+        servers.append(server)
+        monkeypatch.setenv("AUTORESEARCH_CLIMBMIX_URL", server.url)
+        return server
+    yield start
+    for s in servers:
+        s.close()
+
+
+def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, tmp_path):
+    server = climbmix_env({0: ["error"], 1: ["corrupt"]})
+    manifest = prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=2,
+                               vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
+    assert sorted(server.requests) == [0, 0, 1, 1, prepare.CLIMBMIX_VAL_SHARD]
+    raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
+    assert sorted(p.name for p in raw.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06542.parquet"]
+    assert pq.read_table(raw / "shard_00001.parquet").num_rows == 250
+    assert manifest["dataset"] == "climbmix" and manifest["val_tokens"] > 512
+    tok = prepare.Tokenizer.from_directory()
+    x, _, _ = next(prepare.make_dataloader(tok, 2, 32))
+    assert (x[:, 0] == tok.get_bos_token_id()).all()
+
+
+def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_env, tmp_path):
+    climbmix_env({1: ["corrupt"] * 3})
+    with pytest.raises(prepare.PrepareError, match=r"shard_00001.parquet after 3 attempts .*does not match"):
+        prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=1,
+                        vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
+    raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
+    assert not (raw / "shard_00001.parquet").exists()
+    assert not list(raw.glob("*.tmp"))
+    assert not (tmp_path / "cache" / "manifest.json").exists()
+    # Running again once the server is healthy resumes: finished shards are not fetched again.
+    server = climbmix_env({})
+    prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
+                    eval_tokens=512, log=lambda *a: None)
+    assert 1 in server.requests and 0 not in server.requests
