@@ -607,9 +607,10 @@ def verify(manifest: dict, root: Path | None = None, full: bool = True) -> list[
     return problems
 
 
-def fingerprint(root: Path | None = None) -> str:
-    """Digest of the fixed half: prepare.py, the manifest (which holds every data file's sha256), the tokenizer
-    and the validation tokens that the metric reads. Files are checked against the manifest by size."""
+def fingerprint(root: Path | None = None, prepare_path: Path | None = None) -> str:
+    """Digest of the fixed half: prepare.py (this file, or the copy at prepare_path), the manifest (which holds
+    every data file's sha256), the tokenizer and the validation tokens that the metric reads. Data files are
+    checked against the manifest by size (a full checksum pass is `verify`)."""
     root = root or cache_dir()
     manifest = load_manifest(root)
     if manifest is None:
@@ -619,7 +620,7 @@ def fingerprint(root: Path | None = None) -> str:
         raise PrepareError("The prepared data changed since it was prepared (" + "; ".join(problems[:3]) +
                            "). Run `python prepare.py --force` to prepare it again.")
     h = hashlib.sha256()
-    h.update(Path(__file__).read_bytes())
+    h.update(Path(prepare_path or __file__).read_bytes())
     h.update((root / MANIFEST_NAME).read_bytes())
     h.update((root / "tokenizer.json").read_bytes())
     h.update((root / manifest["data_dir"] / "val.tokens.npy").read_bytes())

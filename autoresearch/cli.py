@@ -1,20 +1,95 @@
-"""The `autoresearch` command: a thin layer over the harness modules."""
+"""autoresearch: autonomous research on train.py under a fixed time budget.
+
+  autoresearch prepare [...]            prepare data and tokenizer (same as `python prepare.py`)
+  autoresearch setup --tag TAG          start an experiment branch autoresearch/TAG and results.tsv
+  autoresearch run -m "what it tries"   one experiment: commit train.py, train, record, keep or discard
+  autoresearch status                   best result, counts and the last rows of this tag
+  autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
+  autoresearch report                   progress.png and a text summary
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+
+def _status(repo: Path) -> str:
+    from autoresearch import git, ledger, run
+
+    config = run.load_tag(repo)
+    run.recover(repo)
+    rows = ledger.read(repo / "results.tsv", config["tag"])
+    best = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
+    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s | fingerprint {config['fingerprint'][:12]}",
+             f"best val_bpb: {best.val_bpb:.6f} at {best.commit} ({best.description})" if best else "best val_bpb: none yet",
+             "experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
+    for r in rows[-8:]:
+        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="autoresearch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="autoresearch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("prepare", help="prepare data and tokenizer (same as `python prepare.py`)", add_help=False)
+    sub.add_parser("prepare", help="prepare data and tokenizer", add_help=False)
+    p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
+    p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
+    p = sub.add_parser("run", help="run one experiment")
+    p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--timeout", type=float, help="seconds before the run is killed (default 2 x budget + 120)")
+    sub.add_parser("status", help="best result and recent experiments")
+    p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
+    p.add_argument("--agent", default="builtin", help="builtin (default), claude, codex, aider, or a command line")
+    p.add_argument("--max-experiments", type=int, help="stop after this many experiments")
+    p.add_argument("--hours", type=float, help="stop after this many hours")
+    p.add_argument("--tag", help="tag to create (or continue) if not on an experiment branch")
+    p.add_argument("--agent-timeout", type=float, default=1800, help="seconds an external agent may take")
+    p = sub.add_parser("report", help="progress.png and a summary of this tag")
+    p.add_argument("--results", help="results.tsv to read (default: the repository's)")
+    p.add_argument("--tag", help="tag to report (default: the current branch's, else all rows)")
+    p.add_argument("--out", default="progress.png")
+
     args, rest = parser.parse_known_args(argv)
     if args.command == "prepare":
         import prepare
         return prepare.main(rest)
-    return 2
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+
+    from autoresearch import ledger, run
+    import prepare
+    try:
+        if args.command == "report":
+            from autoresearch import report
+            print(report.main(args))
+            return 0
+        repo = run.repo_root()
+        if args.command == "setup":
+            config = run.setup(repo, args.tag)
+            print(f"on branch {config['branch']}; results go to {repo / 'results.tsv'}")
+            print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s")
+            print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
+        elif args.command == "run":
+            outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout)
+            print(run.summary(outcome))
+            return 0 if outcome.row.status != "crash" else 1
+        elif args.command == "status":
+            print(_status(repo))
+        elif args.command == "loop":
+            from autoresearch import loop
+            return loop.main(repo, args)
+    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

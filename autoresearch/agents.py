@@ -1,0 +1,96 @@
+"""External coding agents (Claude Code, Codex, aider, or any command line) as proposers for the loop.
+
+The harness builds the prompt, runs the agent with its own timeout in the repository, and afterwards makes
+sure only train.py changed: anything else is put back and the violation goes into the row's description.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from autoresearch import git, ledger
+
+PRESETS = {
+    "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
+    "codex": ["codex", "exec", "--full-auto", "{prompt}"],
+    "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-gitignore", "--message", "{prompt}", "train.py"],
+}
+
+LOOP_NOTE = """
+## You are driven by `autoresearch loop`
+
+The loop runs the experiments for you. In this turn make exactly ONE change to `train.py` for the next
+experiment, then stop. Do not run `train.py`, `autoresearch`, or any git command; do not edit any other file
+(other edits are reverted and recorded against you). End your answer with one line:
+
+DESCRIPTION: <a short description of the change>
+"""
+
+
+class AgentError(RuntimeError):
+    pass
+
+
+def command_for(spec: str) -> list[str]:
+    """The argv of a preset name or a command line; a missing binary is an error before anything runs."""
+    argv = list(PRESETS[spec]) if spec in PRESETS else shlex.split(spec)
+    if not argv:
+        raise AgentError("--agent is empty; use builtin, claude, codex, aider, or a command line.")
+    if shutil.which(argv[0]) is None:
+        raise AgentError(f"Agent {spec!r}: `{argv[0]}` is not on PATH. Install it, give a full path, or use "
+                         "`--agent builtin` (no AI agent needed).")
+    return argv
+
+
+def build_prompt(repo: Path, tag: str, last_outcome=None) -> str:
+    rows = ledger.read(repo / "results.tsv", tag)
+    best = ledger.best(rows)
+    lines = [(repo / "program.md").read_text() if (repo / "program.md").exists() else "", LOOP_NOTE,
+             "## Results so far (results.tsv, newest last)", "commit\tval_bpb\tmemory_gb\tstatus\tdescription"]
+    lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{r.memory_gb:.1f}\t{r.status}\t{r.description}" for r in rows[-40:]]
+    lines.append(f"\nBest val_bpb so far: {best.val_bpb:.6f} ({best.description})" if best else "\nNo result yet.")
+    if last_outcome is not None and last_outcome.row.status == "crash":
+        lines += ["\n## The last experiment crashed; the end of its log:", last_outcome.log_tail]
+    return "\n".join(lines)
+
+
+class ExternalAgent:
+    def __init__(self, repo: Path, tag: str, spec: str, timeout: float):
+        self.repo, self.tag, self.timeout = repo, tag, timeout
+        self.argv = command_for(spec)
+        self.name = spec
+        self.last_outcome = None
+
+    def propose(self, context: dict) -> str:
+        prompt = build_prompt(self.repo, self.tag, self.last_outcome)
+        uses_placeholder = any("{prompt}" in a for a in self.argv)
+        argv = [a.replace("{prompt}", prompt) for a in self.argv]
+        proc = subprocess.Popen(argv, cwd=self.repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(None if uses_placeholder else prompt, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            out = (out or "") + f"\n[agent timed out after {self.timeout:.0f} s]"
+        notes = []
+        changed = git.changed_files(self.repo)
+        others = [p for p in changed if p != "train.py"]
+        if others:
+            git.restore(self.repo, others)
+            notes.append(f"agent also edited {', '.join(others[:5])}: reverted")
+        if "train.py" not in changed:
+            raise AgentError(f"the agent made no change to train.py (exit {proc.returncode}); its output ended: "
+                             + (out or "")[-500:])
+        found = re.findall(r"^\s*DESCRIPTION:\s*(.+)$", out or "", re.M)
+        description = found[-1].strip() if found else "change by " + os.path.basename(self.argv[0])
+        return description + "".join(f" [{n}]" for n in notes)
+
+    def observe(self, outcome) -> None:
+        self.last_outcome = outcome

@@ -1,0 +1,72 @@
+"""The few git operations the harness needs, as plain subprocess calls."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+class GitError(RuntimeError):
+    pass
+
+
+def git(repo: Path, *args: str, check: bool = True) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip()
+
+
+def toplevel(path: Path) -> Path:
+    proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise GitError(f"{path} is not inside a git repository. Run autoresearch from a clone of the project "
+                       "(`git clone ...`), or `git init && git add -A && git commit -m init` first.")
+    return Path(proc.stdout.strip())
+
+
+def head(repo: Path) -> str:
+    return git(repo, "rev-parse", "HEAD")
+
+
+def branch(repo: Path) -> str:
+    return git(repo, "rev-parse", "--abbrev-ref", "HEAD")
+
+
+def branch_exists(repo: Path, name: str) -> bool:
+    return bool(git(repo, "branch", "--list", name))
+
+
+def changed_files(repo: Path) -> list[str]:
+    """Paths that differ from HEAD: modified, staged, deleted or untracked (ignored files excluded)."""
+    out = git(repo, "status", "--porcelain", "--untracked-files=all")
+    paths = []
+    for line in out.splitlines():
+        path = line[3:]
+        if " -> " in path:
+            path = path.split(" -> ", 1)[1]
+        paths.append(path.strip('"'))
+    return paths
+
+
+def commit_file(repo: Path, path: str, message: str) -> str:
+    git(repo, "add", "--", path)
+    git(repo, "-c", "user.name=autoresearch", "-c", "user.email=autoresearch@localhost",
+        "commit", "--no-verify", "-q", "-m", message, "--", path)
+    return head(repo)
+
+
+def reset_hard(repo: Path, commit: str) -> None:
+    git(repo, "reset", "--hard", "-q", commit)
+
+
+def restore(repo: Path, paths: list[str]) -> None:
+    """Put tracked paths back as in HEAD and delete untracked ones."""
+    tracked = set(git(repo, "ls-files").splitlines())
+    for p in paths:
+        if p in tracked:
+            git(repo, "checkout", "HEAD", "--", p)
+        else:
+            f = repo / p
+            if f.is_file() or f.is_symlink():
+                f.unlink()

@@ -1,0 +1,131 @@
+"""results.tsv: the append-only record of every experiment.
+
+One row per experiment, tab-separated, the public project's columns first. Rows are only ever appended, each
+with one write() and an fsync, so a kill at any moment leaves either the whole row or none of it. The file is
+untracked (in .gitignore), so `git reset` never touches it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description",
+           "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed"]
+HEADER = "\t".join(COLUMNS) + "\n"
+STATUSES = ("keep", "discard", "crash", "refused")
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Row:
+    commit: str
+    val_bpb: float
+    memory_gb: float
+    status: str
+    description: str
+    tag: str
+    run_id: str
+    time: str
+    budget_s: float
+    steps: int
+    wall_s: float
+    fingerprint: str
+    seed: int
+
+    def to_line(self) -> str:
+        values = asdict(self)
+        values["val_bpb"] = f"{self.val_bpb:.6f}"
+        values["memory_gb"] = f"{self.memory_gb:.1f}"
+        values["wall_s"] = f"{self.wall_s:.1f}"
+        values["budget_s"] = f"{self.budget_s:g}"
+        values["description"] = " ".join(str(self.description).split())  # no tabs or newlines
+        return "\t".join(str(values[c]) for c in COLUMNS) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> "Row":
+        parts = line.rstrip("\n").split("\t")
+        if len(parts) != len(COLUMNS):
+            raise ValueError(f"expected {len(COLUMNS)} columns, got {len(parts)}")
+        kw = dict(zip(COLUMNS, parts))
+        types = {f.name: f.type for f in fields(cls)}
+        for k, t in types.items():
+            if t in ("float", float):
+                kw[k] = float(kw[k])
+            elif t in ("int", int):
+                kw[k] = int(kw[k])
+        return cls(**kw)
+
+
+def create(path: Path) -> None:
+    """Create results.tsv with its header; an existing valid file is kept as it is (never rewritten)."""
+    if path.exists():
+        check_header(path)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, HEADER.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_header(path: Path) -> None:
+    if not path.exists():
+        raise LedgerError(f"{path.name} is missing. Run `autoresearch setup --tag TAG` to create it.")
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    if first != HEADER:
+        raise LedgerError(f"{path} does not start with the expected header. It may be from another tool or "
+                          f"version: move it aside (`mv {path.name} {path.name}.old`) and run "
+                          "`autoresearch setup --tag TAG` to start a new one.")
+
+
+def append(path: Path, row: Row) -> None:
+    check_header(path)
+    data = row.to_line().encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    try:
+        # A previous writer killed mid-line (only possible on power loss) would leave no newline: start fresh.
+        if os.fstat(fd).st_size and _last_byte(path) != b"\n":
+            data = b"\n" + data
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def read(path: Path, tag: str | None = None) -> list[Row]:
+    """All well-formed rows (of one tag, if given). Malformed lines are skipped, never rewritten."""
+    check_header(path)
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        f.readline()
+        for line in f:
+            if not line.endswith("\n"):
+                continue  # torn final line
+            try:
+                row = Row.from_line(line)
+            except (ValueError, TypeError):
+                continue
+            if tag is None or row.tag == tag:
+                rows.append(row)
+    return rows
+
+
+def best(rows: list[Row], fingerprint: str | None = None, budget: float | None = None) -> Row | None:
+    """The kept row with the lowest val_bpb, among rows under the same fingerprint and budget."""
+    kept = [r for r in rows if r.status == "keep"
+            and (fingerprint is None or r.fingerprint == fingerprint[:12])
+            and (budget is None or r.budget_s == budget)]
+    return min(kept, key=lambda r: r.val_bpb) if kept else None

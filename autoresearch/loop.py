@@ -1,0 +1,112 @@
+"""`autoresearch loop`: experiments one after another, each proposed by an agent and run exactly like
+`autoresearch run`, until stopped (Ctrl-C, --max-experiments, --hours)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from autoresearch import agents, git, ledger, run
+
+
+def ensure_data(log=print) -> None:
+    import prepare
+    if prepare.load_manifest() is None:
+        log("no prepared data yet: preparing the default for this machine (python prepare.py)")
+        prepare.prepare(log=log)
+
+
+def ensure_tag(repo: Path, tag: str | None, log=print) -> dict:
+    """Stay on the current experiment branch; else continue or create the given tag (default: today's date)."""
+    current = git.branch(repo)
+    if current.startswith(run.BRANCH_PREFIX) and (tag is None or current == run.BRANCH_PREFIX + tag):
+        return run.load_tag(repo)
+    tag = tag or time.strftime("%b%d").lower()
+    if git.branch_exists(repo, run.BRANCH_PREFIX + tag):
+        if (run.state_dir(repo) / "tags" / f"{tag}.json").exists():
+            git.git(repo, "checkout", "-q", run.BRANCH_PREFIX + tag)
+            log(f"continuing tag {tag}")
+            return run.load_tag(repo)
+        n = 2
+        while git.branch_exists(repo, f"{run.BRANCH_PREFIX}{tag}-{n}"):
+            n += 1
+        tag = f"{tag}-{n}"
+    config = run.setup(repo, tag)
+    log(f"new tag {tag}: branch {config['branch']}")
+    return config
+
+
+def make_agent(repo: Path, config: dict, spec: str, agent_timeout: float):
+    if spec == "builtin":
+        import prepare
+        from autoresearch.proposer import BuiltinProposer
+        manifest = prepare.require_manifest()
+        return BuiltinProposer(repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
+    return agents.ExternalAgent(repo, config["tag"], spec, agent_timeout)
+
+
+class Progress:
+    """A progress bar over the running experiment's budget."""
+
+    def __init__(self, budget: float, label: str):
+        from tqdm import tqdm
+        self.bar = tqdm(total=round(budget), desc=label[:40], unit="s", leave=False,
+                        bar_format="{desc} |{bar}| {n:.0f}/{total:.0f}s")
+
+    def __call__(self, elapsed):
+        if elapsed is not None:
+            self.bar.n = min(self.bar.total, elapsed)
+            self.bar.refresh()
+
+    def close(self):
+        self.bar.close()
+
+
+def line(n: int, outcome: run.Outcome) -> str:
+    r = outcome.row
+    best = r.val_bpb if r.status == "keep" else outcome.best_before
+    best_text = f"best {best:.6f}" if best is not None else "best -"
+    return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {best_text}  {r.wall_s:4.0f}s  {r.description}"
+
+
+def main(repo: Path, args, log=print) -> int:
+    ensure_data(log)
+    if args.agent != "builtin":
+        agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
+    config = ensure_tag(repo, args.tag, log)
+    run.recover(repo, log)
+    agent = make_agent(repo, config, args.agent, args.agent_timeout)
+    deadline = time.time() + args.hours * 3600 if args.hours else None
+    done, failures = 0, 0
+    log(f"loop on {config['branch']} with agent {agent.name}; Ctrl-C stops after recording the experiment in flight")
+    while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
+        rows = ledger.read(repo / "results.tsv", config["tag"])
+        if not any(r.status in ("keep", "discard", "crash") for r in rows):
+            description = "baseline"
+        else:
+            try:
+                description = agent.propose({})
+            except (agents.AgentError, RuntimeError) as e:
+                failures += 1
+                log(f"agent failed to propose ({e})")
+                if failures >= 3:
+                    log("three failed proposals in a row: stopping")
+                    return 1
+                continue
+        failures = 0
+        progress = Progress(config["budget_s"], description)
+        try:
+            outcome = run.run_experiment(repo, description, on_progress=progress, log=log)
+        except KeyboardInterrupt:
+            progress.close()
+            run.recover(repo, log, reason="interrupted by Ctrl-C")
+            log("stopped; the experiment in flight is recorded as interrupted")
+            return 130
+        finally:
+            progress.close()
+        done += 1
+        log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome))
+        if outcome.row.status == "crash":
+            log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
+        agent.observe(outcome)
+    return 0

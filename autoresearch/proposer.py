@@ -1,0 +1,170 @@
+"""The built-in proposer: no language model, no network. It changes a few hyperparameter constants of the best
+kept train.py at a time, chosen by Optuna's TPE sampler (ask/tell) over a per-profile search space.
+
+The study lives on disk per tag (.autoresearch/optuna/<tag>.db) and is brought up to date from results.tsv
+before every proposal: each recorded experiment whose train.py is still in git becomes a trial with the
+configuration it actually ran, so restarts, and experiments made by other agents, all inform the search.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from autoresearch import git, ledger
+from autoresearch.edit import EditError, read_constants, set_constants
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+LR_SPACE = {
+    "MATRIX_LR": FloatDistribution(0.005, 0.2, log=True),
+    "EMBEDDING_LR": FloatDistribution(0.05, 3.0, log=True),
+    "UNEMBEDDING_LR": FloatDistribution(0.0005, 0.05, log=True),
+    "SCALAR_LR": FloatDistribution(0.05, 3.0, log=True),
+    "WEIGHT_DECAY": FloatDistribution(0.0, 0.4),
+    "WARMUP_RATIO": FloatDistribution(0.0, 0.2),
+    "WARMDOWN_RATIO": FloatDistribution(0.1, 0.9),
+    "FINAL_LR_FRAC": FloatDistribution(0.0, 0.3),
+}
+SPACES = {
+    "cpu": {
+        "DEPTH": IntDistribution(2, 8),
+        "MODEL_DIM": CategoricalDistribution([64, 96, 128, 160, 192, 256]),
+        "TOTAL_BATCH_SIZE": CategoricalDistribution([1024, 2048, 4096, 8192, 16384]),
+        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
+        **LR_SPACE,
+    },
+    "gpu": {
+        "DEPTH": IntDistribution(4, 16),
+        "MODEL_DIM": CategoricalDistribution([256, 384, 512, 640, 768, 1024]),
+        "TOTAL_BATCH_SIZE": CategoricalDistribution([2**17, 2**18, 2**19, 2**20]),
+        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
+        **LR_SPACE,
+    },
+}
+MAX_CHANGES = 2  # constants changed per proposal: small steps keep each result readable
+
+
+def _round(value):
+    if isinstance(value, float) and value != 0:
+        return float(f"{value:.3g}")
+    return value
+
+
+def _position(dist, value) -> float | None:
+    """Where value sits in the distribution, in [0, 1] (log scale where the distribution is)."""
+    if isinstance(dist, CategoricalDistribution):
+        if value not in dist.choices:
+            return None
+        return dist.choices.index(value) / max(1, len(dist.choices) - 1)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not dist.low <= value <= dist.high:
+        return None
+    if isinstance(dist, IntDistribution) and value != int(value):
+        return None
+    lo, hi = dist.low, dist.high
+    if getattr(dist, "log", False):
+        if value <= 0:
+            return None
+        lo, hi, value = math.log(lo), math.log(hi), math.log(value)
+    return (value - lo) / (hi - lo) if hi > lo else 0.0
+
+
+class BuiltinProposer:
+    name = "builtin"
+
+    def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
+        self.repo, self.tag, self.profile, self.seq_len = repo, tag, profile, seq_len
+        self.space = SPACES[profile]
+        path = repo / ".autoresearch" / "optuna" / f"{tag}.db"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.study = optuna.create_study(
+            study_name=tag, storage=f"sqlite:///{path}", direction="minimize", load_if_exists=True,
+            sampler=optuna.samplers.TPESampler(seed=seed + len(self._rows()), n_startup_trials=5, multivariate=True))
+        self.rng = random.Random(seed + len(self._rows()))
+
+    def _rows(self) -> list[ledger.Row]:
+        return ledger.read(self.repo / "results.tsv", self.tag)
+
+    def _params_of(self, source: str) -> dict:
+        values = read_constants(source, self.profile)
+        return {k: values[k] for k in self.space if k in values and _position(self.space[k], values[k]) is not None}
+
+    def sync(self) -> None:
+        """Add every recorded experiment not yet in the study as a finished trial."""
+        known = {t.user_attrs.get("run_id") for t in self.study.get_trials(deepcopy=False)}
+        for row in self._rows():
+            if row.run_id in known or row.status == "refused":
+                continue
+            try:
+                source = git.git(self.repo, "show", f"{row.commit}:train.py")
+            except git.GitError:
+                continue  # the commit is gone (garbage-collected): nothing to learn from
+            params = self._params_of(source)
+            dists = {k: self.space[k] for k in params}
+            ok = row.status in ("keep", "discard") and row.val_bpb > 0
+            trial = optuna.trial.create_trial(
+                params=params, distributions=dists, value=row.val_bpb if ok else None,
+                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
+                user_attrs={"run_id": row.run_id, "description": row.description})
+            self.study.add_trial(trial)
+
+    def propose(self, context: dict) -> str:
+        """Edit train.py (the best kept version, checked out) and return a description of the change."""
+        self.sync()
+        path = self.repo / "train.py"
+        source = path.read_text()
+        current = read_constants(source, self.profile)
+        base = self._params_of(source)
+        tried = [t.params for t in self.study.get_trials(deepcopy=False) if "run_id" in t.user_attrs]
+        for _ in range(50):
+            trial = self.study.ask(self.space)
+            sampled = {k: _round(v) for k, v in trial.params.items()}
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # only configurations that ran count
+            # take the MAX_CHANGES constants TPE moved furthest from the best configuration
+            moves = []
+            for k, v in sampled.items():
+                a, b = _position(self.space[k], base.get(k, v)), _position(self.space[k], v)
+                if k in base and v != base[k] and a is not None and b is not None:
+                    moves.append((abs(a - b) + 1e-3 * self.rng.random(), k))
+            if not moves:
+                continue
+            chosen = [k for _, k in sorted(moves, reverse=True)[: self.rng.randint(1, MAX_CHANGES)]]
+            changes = {k: sampled[k] for k in chosen}
+            changes.update(self._consequences(changes, current))
+            candidate = dict(base, **{k: v for k, v in changes.items() if k in self.space})
+            if candidate in tried:
+                continue
+            try:
+                new_source = set_constants(source, changes, self.profile)
+                compile(new_source, "train.py", "exec")
+            except (EditError, SyntaxError):
+                continue
+            path.write_text(new_source)
+            return ", ".join(f"{k} {current[k]!r} -> {v!r}" for k, v in changes.items())
+        raise RuntimeError("the built-in proposer found no untried configuration in 50 attempts")
+
+    def _consequences(self, changes: dict, current: dict) -> dict:
+        """Other constants that must follow, so that train.py's own checks hold."""
+        extra = {}
+        dim = changes.get("MODEL_DIM", current.get("MODEL_DIM"))
+        head = current.get("HEAD_DIM")
+        if head and dim % head:
+            extra["HEAD_DIM"] = math.gcd(dim, head)
+        total = changes.get("TOTAL_BATCH_SIZE")
+        if total is not None:
+            rows = max(1, total // self.seq_len)
+            device = min(current.get("DEVICE_BATCH_SIZE", rows), rows)
+            while rows % device:
+                device -= 1
+            if device != current.get("DEVICE_BATCH_SIZE"):
+                extra["DEVICE_BATCH_SIZE"] = device
+        return extra
+
+    def observe(self, outcome) -> None:
+        self.sync()

@@ -1,0 +1,91 @@
+"""`autoresearch report`: progress.png (every experiment a dot, kept ones labelled, the running best as a step
+line) and a short text summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoresearch import ledger
+
+
+def summarize(rows: list[ledger.Row]) -> str:
+    counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
+    lines = [f"{len(rows)} experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES if counts[s])]
+    kept = [r for r in rows if r.status == "keep"]
+    if not kept:
+        return "\n".join(lines + ["no kept result yet"])
+    baseline, best = kept[0], min(kept, key=lambda r: r.val_bpb)
+    gain = baseline.val_bpb - best.val_bpb
+    lines.append(f"baseline val_bpb {baseline.val_bpb:.6f} -> best {best.val_bpb:.6f} at {best.commit} "
+                 f"({gain:+.6f}, {100 * gain / baseline.val_bpb:.2f}% better)")
+    lines.append("kept changes, in order:")
+    lines += [f"  {r.commit}  {r.val_bpb:.6f}  {r.description}" for r in kept]
+    return "\n".join(lines)
+
+
+def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress") -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 6), dpi=120)
+    xs = list(range(1, len(rows) + 1))
+    done = [(x, r) for x, r in zip(xs, rows) if r.status in ("keep", "discard") and r.val_bpb > 0]
+    discarded = [(x, r.val_bpb) for x, r in done if r.status == "discard"]
+    kept = [(x, r) for x, r in done if r.status == "keep"]
+    if discarded:
+        ax.scatter(*zip(*discarded), s=18, color="#b0b0b0", label="discarded", zorder=2)
+    if kept:
+        ax.scatter([x for x, _ in kept], [r.val_bpb for _, r in kept], s=42, color="#2a9d4a", label="kept", zorder=3)
+        # the running best as a step line, carried to the last experiment
+        steps_x, steps_y, best = [], [], None
+        for x, r in kept:
+            best = r.val_bpb if best is None else min(best, r.val_bpb)
+            steps_x.append(x)
+            steps_y.append(best)
+        steps_x.append(xs[-1])
+        steps_y.append(steps_y[-1])
+        ax.step(steps_x, steps_y, where="post", color="#2a9d4a", linewidth=1.5, label="best so far", zorder=1)
+        for x, r in kept:
+            text = r.description if len(r.description) <= 40 else r.description[:37] + "..."
+            ax.annotate(text, (x, r.val_bpb), xytext=(4, 6), textcoords="offset points", fontsize=7, rotation=20,
+                        color="#1d6b33")
+    crashes = [x for x, r in zip(xs, rows) if r.status == "crash"]
+    if crashes and done:
+        top = max(r.val_bpb for _, r in done)
+        ax.scatter(crashes, [top] * len(crashes), marker="x", color="#d1495b", s=24, label="crash", zorder=2)
+    if done:
+        values = sorted(r.val_bpb for _, r in done)
+        lo, hi = values[0], values[min(len(values) - 1, int(0.9 * len(values)))]  # outliers don't flatten the view
+        pad = max(hi - lo, 1e-3) * 0.15
+        ax.set_ylim(lo - pad, hi + 2 * pad)
+    ax.set_xlabel("experiment")
+    ax.set_ylabel("val_bpb (lower is better)")
+    ax.set_title(f"{title}: {len(rows)} experiments, {len(kept)} kept")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def main(args) -> str:
+    from autoresearch import run
+
+    if args.results:
+        path = Path(args.results)
+        tag = args.tag
+    else:
+        repo = run.repo_root()
+        path = repo / "results.tsv"
+        tag = args.tag
+        if tag is None:
+            from autoresearch import git
+            branch = git.branch(repo)
+            tag = branch[len(run.BRANCH_PREFIX):] if branch.startswith(run.BRANCH_PREFIX) else None
+    rows = ledger.read(path, tag)
+    if not rows:
+        raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + ".")
+    out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch")
+    return summarize(rows) + f"\nplot: {out}"

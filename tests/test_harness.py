@@ -1,0 +1,226 @@
+"""The experiment harness end to end: setup, run (keep / discard / crash / hang / refused), status, recovery."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autoresearch import ledger
+from conftest import ROOT
+
+BUDGET = "2"
+
+
+def sh(repo, *args, check=True):
+    proc = subprocess.run(args, cwd=repo, capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def cli(repo, *args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def env(small_cache):
+    return dict(os.environ, AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET=BUDGET,
+                PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A fresh clone-like repository with the real train.py and prepare.py."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("train.py", "prepare.py", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    sh(repo, "git", "init", "-q", "-b", "main")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return repo
+
+
+def edit_train(repo, pattern, replacement):
+    path = repo / "train.py"
+    text, n = re.subn(pattern, replacement, path.read_text(), flags=re.M)
+    assert n >= 1
+    path.write_text(text)
+
+
+def rows(repo):
+    return ledger.read(repo / "results.tsv")
+
+
+def head(repo):
+    return sh(repo, "git", "rev-parse", "HEAD")
+
+
+def test_keep_discard_crash_and_status(repo, env):
+    out = cli(repo, "setup", "--tag", "t1", env=env)
+    assert out.returncode == 0, out.stderr
+    assert sh(repo, "git", "branch", "--show-current") == "autoresearch/t1"
+    assert cli(repo, "setup", "--tag", "t1", env=env).returncode == 2  # the branch exists: refused
+
+    base = cli(repo, "run", "-m", "baseline", env=env)
+    assert base.returncode == 0, base.stdout + base.stderr
+    assert base.stdout.startswith("keep: val_bpb=")
+    kept = head(repo)
+    assert [r.status for r in rows(repo)] == ["keep"] and rows(repo)[0].commit == kept[:7]
+    assert re.search(r"val_bpb=\d\.\d{4}", (repo / "run.log").read_text())
+
+    # a worse change: nothing learns with every learning rate at zero
+    original = (repo / "train.py").read_text()
+    edit_train(repo, r"^(MATRIX|EMBEDDING|UNEMBEDDING|SCALAR)_LR = .*$", r"\1_LR = 0.0")
+    worse = cli(repo, "run", "-m", "all learning rates zero", env=env)
+    assert worse.returncode == 0, worse.stdout + worse.stderr
+    assert worse.stdout.startswith("discard:")
+    assert head(repo) == kept and (repo / "train.py").read_text() == original
+
+    # a broken change: a syntax error crashes, the log tail is shown, the branch stays on the kept commit
+    (repo / "train.py").write_text(original.replace("def main():", "def main(:"))
+    broken = cli(repo, "run", "-m", "typo", env=env)
+    assert broken.returncode == 1
+    assert broken.stdout.startswith("crash:") and "SyntaxError" in broken.stdout
+    assert head(repo) == kept and (repo / "train.py").read_text() == original
+
+    statuses = [r.status for r in rows(repo)]
+    assert statuses == ["keep", "discard", "crash"]
+    crash = rows(repo)[-1]
+    assert crash.val_bpb == 0.0 and crash.memory_gb == 0.0 and "exit status 1" in crash.description
+    status = cli(repo, "status", env=env)
+    assert "1 keep, 1 discard, 1 crash" in status.stdout and rows(repo)[0].commit in status.stdout
+    # results.tsv is never committed: git does not see it
+    assert "results.tsv" not in sh(repo, "git", "status", "--porcelain", "--ignored=no")
+
+
+GRANDCHILD_HANG = '''
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"])
+open("grandchild.pid", "w").write(str(child.pid))
+print("hanging", flush=True)
+time.sleep(1000)
+'''
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie waiting for its parent counts as dead
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "\nState:\tZ" in status.read_text())
+
+
+def test_a_hang_is_killed_with_its_grandchildren(repo, env):
+    assert cli(repo, "setup", "--tag", "hang", env=env).returncode == 0
+    (repo / "train.py").write_text(GRANDCHILD_HANG)
+    t0 = time.time()
+    out = cli(repo, "run", "-m", "hang forever", "--timeout", "3", env=env)
+    assert out.returncode == 1 and time.time() - t0 < 30
+    assert "timeout after 3 s" in rows(repo)[-1].description and rows(repo)[-1].status == "crash"
+    pid = int((repo / "grandchild.pid").read_text())
+    assert not _alive(pid)
+
+
+def test_tampered_prepare_is_refused_and_recorded(repo, env):
+    assert cli(repo, "setup", "--tag", "tamper", env=env).returncode == 0
+    with open(repo / "prepare.py", "a") as f:
+        f.write("\n# better metric\n")
+    out = cli(repo, "run", "-m", "sneaky", env=env)
+    assert out.returncode == 2 and "only train.py may be edited" in out.stderr
+    # committed tampering is caught by the fingerprint
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tamper")
+    out = cli(repo, "run", "-m", "sneakier", env=env)
+    assert out.returncode == 2 and "fixed half" in out.stderr
+    assert [r.status for r in rows(repo)] == ["refused", "refused"]
+
+
+def test_clear_errors_never_tracebacks(repo, env, tmp_path):
+    not_repo = tmp_path / "plain"
+    not_repo.mkdir()
+    out = cli(not_repo, "status", env=env)
+    assert out.returncode == 2 and "not inside a git repository" in out.stderr
+    out = cli(repo, "run", "-m", "x", env=env)
+    assert out.returncode == 2 and "autoresearch setup --tag" in out.stderr
+    empty = dict(env, AUTORESEARCH_CACHE=str(tmp_path / "nothing"))
+    out = cli(repo, "setup", "--tag", "nodata", env=empty)
+    assert out.returncode == 2 and "python prepare.py" in out.stderr
+    assert cli(repo, "setup", "--tag", "ok", env=env).returncode == 0
+    (repo / "results.tsv").write_text("something else\n")
+    out = cli(repo, "status", env=env)
+    assert out.returncode == 2 and "mv results.tsv" in out.stderr
+    (repo / "results.tsv").unlink()
+    out = cli(repo, "status", env=env)
+    assert out.returncode == 2 and "missing" in out.stderr
+    for out in (cli(not_repo, "status", env=env), cli(repo, "status", env=env)):
+        assert "Traceback" not in out.stderr
+
+
+def test_sigkill_of_the_harness_mid_run_is_recovered(repo, env):
+    slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
+    assert cli(repo, "setup", "--tag", "kill", env=slow).returncode == 0
+    edit_train(repo, r"^DEPTH = .*$", "DEPTH = 3")
+    harness = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "run", "-m", "will be killed"],
+                               cwd=repo, env=slow, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    log = None
+    while time.time() < deadline:
+        logs = list((repo / ".autoresearch" / "runs").glob("*/run.log"))
+        if logs and "step=" in logs[0].read_text():
+            log = logs[0]
+            break
+        time.sleep(0.2)
+    assert log is not None, "training never started"
+    pending = json.loads((repo / ".autoresearch" / "pending.json").read_text())
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    assert _alive(pending["pgid"])  # the orphaned training is still running...
+    out = cli(repo, "status", env=slow)
+    assert out.returncode == 0, out.stderr
+    assert not _alive(pending["pgid"])  # ...until recovery kills it
+    [row] = rows(repo)
+    assert row.status == "crash" and "interrupted" in row.description
+    assert head(repo) == sh(repo, "git", "rev-parse", "main")  # back on the base commit: nothing was kept
+    assert not (repo / ".autoresearch" / "pending.json").exists()
+    assert cli(repo, "status", env=slow).stdout.count("interrupted") == 1  # recorded once
+
+
+def test_recovery_after_the_row_was_written(repo, env):
+    """Killed between appending the row and resetting git: no duplicate row, the branch is reset."""
+    from autoresearch import run
+    assert cli(repo, "setup", "--tag", "late", env=env).returncode == 0
+    config = json.loads((repo / ".autoresearch" / "tags" / "late.json").read_text())
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# change\n")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change")
+    commit = head(repo)
+    row = run._row(config, commit, "change", "r1", "discard", 3.0, 0.1, 5, 10.0, 42)
+    ledger.append(repo / "results.tsv", row)
+    (repo / ".autoresearch" / "pending.json").write_text(json.dumps(
+        {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "pgid": None}))
+    assert run.recover(repo, log=lambda *a: None) is None
+    assert [r.run_id for r in rows(repo)] == ["r1"]
+    assert head(repo) == config["base_commit"]
+
+
+def test_ledger_skips_a_torn_line_and_keeps_appending(tmp_path):
+    path = tmp_path / "results.tsv"
+    ledger.create(path)
+    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base\twith tab", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
+    ledger.append(path, good)
+    with open(path, "a") as f:
+        f.write("def5678\t1.4\t0.2\tke")  # what a power cut mid-write could leave
+    ledger.append(path, good)
+    read = ledger.read(path)
+    assert len(read) == 2 and read[0].description == "base with tab" and read[0].val_bpb == 1.5
+    assert path.read_text().count("\n") == 4  # header, row, torn line terminated, row

@@ -1,0 +1,137 @@
+"""The autonomous loop: built-in proposer, external agents, report."""
+
+import ast
+import difflib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from autoresearch import ledger
+from autoresearch.edit import EditError, read_constants, set_constants
+from conftest import ROOT
+from test_harness import cli, env, repo, rows, sh  # noqa: F401  (fixtures)
+
+# --- editing constants -----------------------------------------------------------------------
+
+
+def test_set_constants_rewrites_only_the_active_profile_literal():
+    source = (ROOT / "train.py").read_text()
+    edited = set_constants(source, {"DEPTH": 6, "MATRIX_LR": 0.031, "WINDOW_PATTERN": "SSL"}, "cpu")
+    diff = [l for l in difflib.unified_diff(source.splitlines(), edited.splitlines(), lineterm="", n=0)
+            if l[:1] in "+-" and not l.startswith(("+++", "---"))]
+    assert len(diff) == 6
+    assert read_constants(edited, "cpu")["DEPTH"] == 6 and read_constants(edited, "gpu")["DEPTH"] == 8
+    assert read_constants(edited, "cpu")["WINDOW_PATTERN"] == "SSL"
+    gpu = set_constants(source, {"DEPTH": 12}, "gpu")
+    assert read_constants(gpu, "gpu")["DEPTH"] == 12 and read_constants(gpu, "cpu")["DEPTH"] == 4
+    with pytest.raises(EditError, match="no constant"):
+        set_constants(source, {"NOT_A_CONSTANT": 1})
+
+# --- the built-in proposer, without training -------------------------------------------------------
+
+
+def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):  # noqa: F811
+    from autoresearch import run
+    from autoresearch.proposer import BuiltinProposer
+
+    monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])
+    config = run.setup(repo, "p")
+    base = (repo / "train.py").read_text()
+    seen = set()
+    for i in range(12):
+        proposer = BuiltinProposer(repo, "p", "cpu", seq_len=32, seed=i)  # a fresh process each time
+        description = proposer.propose({})
+        new = (repo / "train.py").read_text()
+        ast.parse(new)
+        changed = [l for l in difflib.unified_diff(base.splitlines(), new.splitlines(), lineterm="", n=0)
+                   if l.startswith("+") and not l.startswith("+++")]
+        assert 1 <= len(changed) <= 4 and all(l[1:].split("=")[0].strip().isupper() for l in changed)
+        assert " -> " in description
+        key = tuple(sorted(read_constants(new).items(), key=lambda kv: kv[0]))
+        assert key not in seen
+        seen.add(key)
+        # record it as if it had run, so the next proposer learns it from results.tsv and git
+        sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", description)
+        head = sh(repo, "git", "rev-parse", "HEAD")
+        ledger.append(repo / "results.tsv", run._row(config, head, description, f"r{i}", "discard", 3.0 + i / 100,
+                                                      0.1, 5, 10.0, 42))
+        sh(repo, "git", "reset", "-q", "--hard", config["base_commit"])
+    study = BuiltinProposer(repo, "p", "cpu", seq_len=32)
+    study.sync()
+    assert len([t for t in study.study.get_trials() if t.state.name == "COMPLETE"]) == 12
+
+# --- the loop end to end ----------------------------------------------------------------------
+
+
+def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):  # noqa: F811
+    out = cli(repo, "loop", "--tag", "night", "--max-experiments", "3", env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    first = rows(repo)
+    assert len(first) == 3 and first[0].description == "baseline" and first[0].status == "keep"
+    assert all(" -> " in r.description for r in first[1:])
+    # restart: the same tag continues with its history, no proposal repeats
+    out = cli(repo, "loop", "--max-experiments", "2", env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    all_rows = rows(repo)
+    assert len(all_rows) == 5 and sum(r.description == "baseline" for r in all_rows) == 1
+    assert len({r.description for r in all_rows}) == 5
+    ast.parse((repo / "train.py").read_text())
+    best = ledger.best(all_rows)
+    assert sh(repo, "git", "rev-parse", "--short=7", "HEAD") == [r for r in all_rows if r.status == "keep"][-1].commit
+    assert best is not None
+
+
+AGENT = textwrap.dedent('''
+    import re, sys
+    prompt = sys.stdin.read()
+    assert "Results so far" in prompt and "DESCRIPTION:" in prompt
+    src = open("train.py").read()
+    src = re.sub(r"^WARMDOWN_RATIO = .*$", "WARMDOWN_RATIO = 0.3", src, flags=re.M)
+    open("train.py", "w").write(src)
+    if "--sneaky" in sys.argv:
+        open("prepare.py", "a").write("# easier metric\\n")
+    print("thinking...")
+    print("DESCRIPTION: shorter warmdown (0.3)")
+''')
+
+
+def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):  # noqa: F811
+    (tmp_path / "agent.py").write_text(AGENT)
+    agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
+    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", env=env, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    baseline, change = rows(repo)
+    assert baseline.description == "baseline"
+    assert change.description.startswith("shorter warmdown (0.3)")
+    assert "agent also edited prepare.py: reverted" in change.description
+    assert change.status in ("keep", "discard")
+    assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
+
+
+def test_missing_agent_binary_is_a_clear_error(repo, env):  # noqa: F811
+    out = cli(repo, "loop", "--agent", "no-such-agent-binary --flag", "--max-experiments", "1", env=env)
+    assert out.returncode == 2 and "not on PATH" in out.stderr and "--agent builtin" in out.stderr
+    assert not (repo / "results.tsv").exists()
+
+# --- report ---------------------------------------------------------------------------------------
+
+
+def test_report_writes_a_png_and_a_summary(tmp_path):
+    path = tmp_path / "results.tsv"
+    ledger.create(path)
+    data = [("keep", 2.10, "baseline"), ("discard", 2.15, "DEPTH 4 -> 6"), ("keep", 2.05, "MATRIX_LR 0.04 -> 0.06"),
+            ("crash", 0.0, "typo"), ("keep", 2.00, "TOTAL_BATCH_SIZE 4096 -> 2048")]
+    for i, (status, bpb, desc) in enumerate(data):
+        ledger.append(path, ledger.Row(f"c{i:06d}", bpb, 0.5, status, desc, "t", f"r{i}", "now", 300, 10, 310, "f", 42))
+    out = tmp_path / "progress.png"
+    proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", "report", "--results", str(path), "--out", str(out)],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10000
+    assert "baseline val_bpb 2.100000 -> best 2.000000" in proc.stdout and "4.76% better" in proc.stdout
+    assert "3 keep, 1 discard, 1 crash" in proc.stdout
+    kept_lines = [l.strip() for l in proc.stdout.splitlines() if l.startswith("  c")]
+    assert [l.split()[0] for l in kept_lines] == ["c000000", "c000002", "c000004"]

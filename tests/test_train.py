@@ -1,0 +1,91 @@
+"""train.py end to end on tiny data with a budget of a few seconds."""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import prepare
+from conftest import ROOT
+
+CHECK_CHECKPOINT = '''
+_evaluate_bpb = evaluate_bpb
+def evaluate_bpb(model, tokenizer, batch_size):
+    import os, pathlib
+    run_dir = pathlib.Path(os.environ["AUTORESEARCH_RUN_DIR"])
+    assert (run_dir / "model.safetensors").exists(), "no checkpoint when evaluation started"
+    (run_dir / "checkpoint_seen_at_eval").write_text("yes")
+    return _evaluate_bpb(model, tokenizer, batch_size)
+'''
+
+
+def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None = None, prepare_suffix: str = ""):
+    work = tmp_path / "work"
+    work.mkdir()
+    source = (ROOT / "train.py").read_text()
+    for pattern, line in (replace or {}).items():
+        source, n = re.subn(pattern, line, source, flags=re.M)
+        assert n == 1, pattern
+    (work / "train.py").write_text(source)
+    (work / "prepare.py").write_text((ROOT / "prepare.py").read_text() + prepare_suffix)
+    env = dict(os.environ, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_TIME_BUDGET=str(budget),
+               AUTORESEARCH_RUN_DIR=str(work / "run"))
+    proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    result_path = work / "run" / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    return proc, result, work / "run"
+
+
+def test_a_short_run_trains_reports_and_checkpoints(small_cache, tmp_path, monkeypatch):
+    budget = 4
+    proc, result, run_dir = run_train(tmp_path, small_cache, budget, prepare_suffix=CHECK_CHECKPOINT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"val_bpb=(\d+\.\d{4}) \| memory_gb=(\d+\.\d) \| steps=(\d+)", last)
+    assert m, last
+    # the JSON result carries the same numbers at full precision
+    assert f"{result['val_bpb']:.4f}" == m.group(1)
+    assert f"{result['memory_gb']:.1f}" == m.group(2)
+    assert result["num_steps"] == int(m.group(3))
+    assert result["time_budget"] == budget and result["device"] == "cpu" and result["dtype"] == "float32"
+    assert result["seed"] == 42 and result["total_tokens"] == result["num_steps"] * 4096
+    # the budget is honoured: training stops at the first step that ends past it
+    step_time = (result["training_seconds"] - result["compile_seconds"]) / max(result["num_steps"] - 1, 1)
+    assert budget <= result["training_seconds"] <= budget + 3 * step_time + 0.2
+    assert result["startup_seconds"] > 0 and result["eval_seconds"] > 0 and 0 < result["mfu_percent"] < 100
+    # the model learned: better than uniform guessing over the vocabulary
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
+    tok = prepare.Tokenizer.from_directory()
+    targets = prepare.validation_rows()[:, 1:].reshape(-1)
+    nbytes = tok.token_byte_lengths[targets]
+    uniform = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
+    assert result["val_bpb"] < 0.8 * uniform
+    # the checkpoint was on disk before evaluation began, and loads
+    assert (run_dir / "checkpoint_seen_at_eval").read_text() == "yes"
+    from safetensors.torch import load_file
+    weights = load_file(str(run_dir / "model.safetensors"))
+    assert weights["wte.weight"].shape == (tok.get_vocab_size(), 128)
+    assert "step=     1 | loss=" in proc.stdout
+
+
+def test_nan_loss_fails_fast(small_cache, tmp_path):
+    proc, result, _ = run_train(tmp_path, small_cache, 30,
+                                replace={r"^MATRIX_LR = .*$": 'MATRIX_LR = float("nan")'})
+    assert proc.returncode == 1
+    assert any(line.startswith("FAST_FAIL") for line in proc.stdout.splitlines()), proc.stdout
+    assert result is None and "val_bpb=" not in proc.stdout
+
+
+def test_imports_without_training():
+    """Tools import train.py for the model; importing must not train."""
+    proc = subprocess.run([sys.executable, "-c", "import train; m = train.GPT(train.GPTConfig(300, 32, 2, 64, 32, "
+                           "'SL', 0.0)); print(m.num_params(), m.layer_windows(m.cfg))"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split(maxsplit=1)[1].strip() == "[16, 32]"

@@ -1,0 +1,506 @@
+"""
+The one file the agent edits: a small GPT, its optimizer (Muon + AdamW) and a
+training loop that runs for exactly TIME_BUDGET seconds of wall clock,
+compilation included, then prints val_bpb.
+
+    python train.py
+
+Everything fixed (data, tokenizer, TIME_BUDGET, MAX_SEQ_LEN, the metric) comes
+from prepare.py. Hyperparameters are the constants right below: edit them
+directly. Each reads "cpu value if CPU else gpu value"; the profile was chosen
+when the data was prepared.
+"""
+
+import torch
+
+# Denormal floats make CPU steps 5-20x slower; flushing only works if set before
+# the first parallel torch operation, so it comes first.
+torch.set_flush_denormal(True)
+
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from prepare import MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, cache_dir, evaluate_bpb, make_dataloader
+
+# ---------------------------------------------------------------------------
+# Hyperparameters: edit these directly.
+# ---------------------------------------------------------------------------
+CPU = PROFILE == "cpu"
+
+# model
+DEPTH = 4 if CPU else 8                    # transformer blocks
+MODEL_DIM = 128 if CPU else 512            # residual stream width
+HEAD_DIM = 32 if CPU else 128              # attention head size (MODEL_DIM // HEAD_DIM heads)
+WINDOW_PATTERN = "L" if CPU else "SSSL"    # per layer, repeated: S = half-context window, L = full context
+SOFTCAP = 0.0 if CPU else 15.0            # logits squashed to (-SOFTCAP, SOFTCAP); 0 = off. On CPU its three
+                                           # passes over the logits cost ~35% of a step (BENCHMARKS.md)
+
+# batch
+TOTAL_BATCH_SIZE = 4096 if CPU else 2**19  # tokens per optimizer step
+DEVICE_BATCH_SIZE = 16 if CPU else 128     # rows per forward/backward; the rest is gradient accumulation
+EVAL_BATCH_SIZE = 64 if CPU else 128       # rows per forward in the final evaluation
+
+# optimizer
+MATRIX_LR = 0.04 if CPU else 0.04          # Muon, for the 2D matrices of the blocks
+EMBEDDING_LR = 0.6 if CPU else 0.6         # AdamW, token and value embeddings
+UNEMBEDDING_LR = 0.004 if CPU else 0.004   # AdamW, lm_head
+SCALAR_LR = 0.5 if CPU else 0.5            # AdamW, per-layer scalars
+WEIGHT_DECAY = 0.0 if CPU else 0.2         # Muon's decoupled weight decay
+ADAM_BETAS = (0.8, 0.95)
+MUON_MOMENTUM = 0.95
+
+# schedule, as fractions of the time budget
+WARMUP_RATIO = 0.0
+WARMDOWN_RATIO = 0.5
+FINAL_LR_FRAC = 0.0
+
+# execution
+USE_COMPILE = False if CPU else True       # torch.compile; its time counts against the budget
+LOG_EVERY = 50
+
+# ---------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int
+    seq_len: int
+    n_layer: int
+    n_embd: int
+    head_dim: int
+    window_pattern: str
+    softcap: float
+
+
+def rms_norm(x):
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def apply_rotary(x, cos, sin):
+    d = x.size(-1) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def load_flash_attention_3():
+    """FA3 from the `kernels` hub on Hopper; None (use SDPA) whenever it can't be had."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        return None
+    try:
+        from kernels import get_kernel
+        fa3 = get_kernel("varunneal/flash-attention-3").flash_attn_interface
+        q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+        fa3.flash_attn_func(q, q, q, causal=True)  # prove it runs before relying on it
+        return fa3
+    except Exception as e:  # no network, no wheel for this torch, ...: fall back quietly
+        print(f"flash attention 3 unavailable ({type(e).__name__}); using PyTorch SDPA")
+        return None
+
+
+FA3 = None  # set in main()
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int, window: int, has_value_embedding: bool):
+        super().__init__()
+        self.n_head = cfg.n_embd // cfg.head_dim
+        self.head_dim = cfg.head_dim
+        self.window = window
+        self.c_q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.c_k = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.c_v = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=False)
+        # value embeddings mix in through a per-head gate read from the first channels of x
+        self.ve_gate = nn.Linear(min(32, cfg.n_embd), self.n_head, bias=False) if has_value_embedding else None
+
+    def forward(self, x, ve, cos, sin, mask):
+        B, T, C = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_head, self.head_dim)
+        if self.ve_gate is not None:
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))
+            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_head, self.head_dim)
+        q, k = rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))  # QK-norm
+        if FA3 is not None:
+            y = FA3.flash_attn_func(q, k, v, causal=True, window_size=(self.window - 1 if self.window < T else -1, 0))
+            y = y[0] if isinstance(y, tuple) else y
+        else:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            if self.window >= T:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:T, :T])
+            y = y.transpose(1, 2)
+        return self.c_proj(y.reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())  # ReLU squared
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer, window, has_value_embedding):
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, layer, window, has_value_embedding)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, ve, cos, sin, mask):
+        x = x + self.attn(rms_norm(x), ve, cos, sin, mask)
+        return x + self.mlp(rms_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.windows = self.layer_windows(cfg)
+        # value embeddings on alternating layers, always including the last
+        self.ve_layers = [i for i in range(cfg.n_layer) if i % 2 == (cfg.n_layer - 1) % 2]
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.vocab_size, cfg.n_embd) for i in self.ve_layers})
+        self.blocks = nn.ModuleList(Block(cfg, i, self.windows[i], i in self.ve_layers) for i in range(cfg.n_layer))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # each block starts from resid_lambda * x + x0_lambda * x0 (x0: the embedding output)
+        self.resid_lambdas = nn.Parameter(torch.ones(cfg.n_layer))
+        self.x0_lambdas = nn.Parameter(torch.full((cfg.n_layer,), 0.1))
+        cos, sin = self.rotary(cfg.seq_len, cfg.head_dim)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        pos = torch.arange(cfg.seq_len)
+        dist = pos[:, None] - pos[None, :]
+        short = min(self.windows)
+        self.register_buffer("mask", (dist >= 0) & (dist < short), persistent=False)
+
+    @staticmethod
+    def layer_windows(cfg):
+        pattern = cfg.window_pattern.upper()
+        if not pattern or set(pattern) - {"S", "L"}:
+            raise ValueError(f"WINDOW_PATTERN must be made of S and L, not {cfg.window_pattern!r}")
+        windows = [cfg.seq_len // 2 if pattern[i % len(pattern)] == "S" else cfg.seq_len for i in range(cfg.n_layer)]
+        windows[-1] = cfg.seq_len  # the last layer always sees the full context
+        return windows
+
+    @staticmethod
+    def rotary(seq_len, head_dim, base=10000.0):
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+        return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+    @torch.no_grad()
+    def init_weights(self):
+        d = self.cfg.n_embd
+        bound = 3**0.5 * d**-0.5  # uniform with std d^-0.5
+        nn.init.normal_(self.wte.weight, std=1.0)
+        for emb in self.value_embeds.values():
+            nn.init.uniform_(emb.weight, -bound, bound)
+        nn.init.normal_(self.lm_head.weight, std=0.001)
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):
+                nn.init.uniform_(lin.weight, -bound, bound)
+            nn.init.zeros_(block.attn.c_proj.weight)  # every block starts as the identity
+            nn.init.zeros_(block.mlp.c_proj.weight)
+            if block.attn.ve_gate is not None:
+                nn.init.zeros_(block.attn.ve_gate.weight)
+
+    def forward(self, idx, targets=None, reduction="mean"):
+        B, T = idx.shape
+        cos, sin = self.cos[:, :T], self.sin[:, :T]
+        x = x0 = rms_norm(self.wte(idx))
+        for i, block in enumerate(self.blocks):
+            x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx) if i in self.ve_layers else None
+            x = block(x, ve, cos, sin, self.mask)
+        logits = self.lm_head(rms_norm(x)).float()
+        if self.cfg.softcap:
+            logits = self.cfg.softcap * torch.tanh(logits / self.cfg.softcap)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self):
+        """Training FLOPs per token: 6 x the parameters of every matmul (embedding lookups excluded, lm_head
+        included) plus causal attention, 12 x layers x width x mean attended positions (sliding windows honoured)."""
+        matmul = sum(p.numel() for n, p in self.named_parameters() if p.dim() == 2 and "embed" not in n and "wte" not in n)
+        T = self.cfg.seq_len
+        attn = sum(sum(min(t + 1, w) for t in range(T)) / T for w in self.windows)
+        return 6 * matmul + 12 * self.cfg.n_embd * attn
+
+# ---------------------------------------------------------------------------
+# Optimizer: Muon (orthogonalized momentum) for the blocks' matrices, AdamW for the rest
+# ---------------------------------------------------------------------------
+
+
+def orthogonalize(G, steps=5):
+    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix (quintic, Muon's coefficients).
+    bf16 on CUDA; float32 elsewhere (bf16 matmuls are slow on CPUs)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    X = G.bfloat16() if G.is_cuda else G.float()
+    transposed = X.size(-2) > X.size(-1)
+    if transposed:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    if transposed:
+        X = X.mT
+    return X.to(G.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(self, params, lr, momentum, weight_decay):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "buf" not in state:
+                    state["buf"] = torch.zeros_like(p)
+                buf = state["buf"]
+                buf.lerp_(p.grad, 1 - group["momentum"])
+                update = orthogonalize(p.grad.lerp(buf, group["momentum"]))  # Nesterov
+                scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(update, alpha=-group["lr"] * scale)
+
+
+def make_optimizers(model: GPT):
+    matrices = [p for p in model.blocks.parameters() if p.dim() == 2]
+    # AdamW learning rates are tuned at width 768; scale as 1/sqrt(width)
+    scale = (model.cfg.n_embd / 768) ** -0.5
+    adam_groups = [
+        dict(params=[model.wte.weight, *[e.weight for e in model.value_embeds.values()]], lr=EMBEDDING_LR * scale),
+        dict(params=[model.lm_head.weight], lr=UNEMBEDDING_LR * scale),
+        dict(params=[model.resid_lambdas, model.x0_lambdas], lr=SCALAR_LR),
+    ]
+    adam = torch.optim.AdamW(adam_groups, betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0)
+    muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY)
+    assert len(matrices) + sum(len(g["params"]) for g in adam_groups) == len(list(model.parameters()))
+    for opt in (adam, muon):
+        for group in opt.param_groups:
+            group["initial_lr"] = group["lr"]
+    return [adam, muon]
+
+
+def lr_multiplier(progress: float) -> float:
+    """Learning-rate factor at a fraction of the time budget: linear warmup, flat, linear warmdown."""
+    if progress < WARMUP_RATIO:
+        return (progress + 1e-8) / WARMUP_RATIO
+    if progress <= 1 - WARMDOWN_RATIO:
+        return 1.0
+    cooldown = (1 - progress) / WARMDOWN_RATIO
+    return cooldown + (1 - cooldown) * FINAL_LR_FRAC
+
+# ---------------------------------------------------------------------------
+# Device helpers: dtype, peak FLOP/s for MFU, memory
+# ---------------------------------------------------------------------------
+
+# Dense peak FLOP/s of known GPUs: (bf16 tensor cores, fp32).
+GPU_PEAK_FLOPS = {
+    "H200": (989e12, 67e12), "H100": (989e12, 67e12), "GH200": (989e12, 67e12), "B200": (2250e12, 80e12),
+    "A100": (312e12, 19.5e12), "A10G": (70e12, 31e12), "L40S": (362e12, 91e12), "L4": (121e12, 30e12),
+    "RTX 4090": (165e12, 83e12), "RTX 3090": (71e12, 36e12), "A6000": (155e12, 39e12),
+}
+
+
+def pick_device():
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device):
+    # bf16 autocast only where the hardware does it well (CUDA sm80+); on this CPU a bf16 matmul is ~5x slower
+    # than fp32, and on MPS float32 is the reliable choice.
+    if device.type == "cuda" and torch.cuda.get_device_capability()[0] >= 8:
+        return torch.bfloat16
+    return torch.float32
+
+
+def peak_flops(device, dtype) -> float:
+    """The peak of the device actually used: the table for known GPUs, else a short matmul probe, cached."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name()
+        for key, (bf16, fp32) in GPU_PEAK_FLOPS.items():
+            if key in name:
+                return bf16 if dtype == torch.bfloat16 else fp32
+    key = f"{device.type}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{dtype}"
+    cache = cache_dir() / "peak_flops.json"
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in known:
+        n = 1024
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(3):
+            a @ a
+        best = float("inf")
+        for _ in range(5):
+            sync(device)
+            t = time.perf_counter()
+            a @ a
+            sync(device)
+            best = min(best, time.perf_counter() - t)
+        known[key] = 2 * n**3 / best
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps(known, indent=1))
+    return known[key]
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def peak_memory_gb(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 1e9
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 1e9
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+    return rss / (1e9 if sys.platform == "darwin" else 1e6)
+
+# ---------------------------------------------------------------------------
+# Training loop
+# ---------------------------------------------------------------------------
+
+
+def main():
+    global FA3
+    t_start = time.time()
+    seed = int(os.environ.get("AUTORESEARCH_SEED", "42"))
+    run_dir = Path(os.environ.get("AUTORESEARCH_RUN_DIR", "runs/latest"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    device = pick_device()
+    dtype = pick_dtype(device)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        FA3 = load_flash_attention_3()
+
+    tokenizer = Tokenizer.from_directory()
+    cfg = GPTConfig(vocab_size=tokenizer.get_vocab_size(), seq_len=MAX_SEQ_LEN, n_layer=DEPTH, n_embd=MODEL_DIM,
+                    head_dim=HEAD_DIM, window_pattern=WINDOW_PATTERN, softcap=SOFTCAP)
+    assert MODEL_DIM % HEAD_DIM == 0, "MODEL_DIM must be a multiple of HEAD_DIM"
+    tokens_per_micro = DEVICE_BATCH_SIZE * MAX_SEQ_LEN
+    assert TOTAL_BATCH_SIZE % tokens_per_micro == 0, "TOTAL_BATCH_SIZE must be a multiple of DEVICE_BATCH_SIZE * MAX_SEQ_LEN"
+    grad_accum = TOTAL_BATCH_SIZE // tokens_per_micro
+
+    model = GPT(cfg).to(device)
+    model.init_weights()
+    optimizers = make_optimizers(model)
+    step_model = torch.compile(model, dynamic=False) if USE_COMPILE else model
+    loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device, seed)
+    x, y, epoch = next(loader)
+    flops_per_token = model.flops_per_token()
+    peak = peak_flops(device, dtype)
+    print(f"device={device.type} dtype={str(dtype).removeprefix('torch.')} compile={USE_COMPILE} "
+          f"params={model.num_params():,} budget={TIME_BUDGET}s grad_accum={grad_accum} profile={PROFILE} seed={seed}")
+
+    # Everything long-lived exists now: freeze it out of the collector's sight and keep it out of the loop.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    startup_seconds = time.time() - t_start
+
+    step, tokens, compile_seconds = 0, 0, 0.0
+    t0 = time.time()
+    t_log, tokens_log = t0, 0
+    elapsed = 0.0
+    while step < 10**9:  # the clock ends the loop; the counter is only a sentinel
+        multiplier = lr_multiplier(min(elapsed / TIME_BUDGET, 1.0))
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * multiplier
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(grad_accum):
+            with autocast:
+                loss = step_model(x, y)
+            (loss / grad_accum).backward()
+            loss_sum += loss.detach()
+            x, y, epoch = next(loader)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        step_loss = loss_sum.item() / grad_accum  # the mean over micro-batches; .item() also syncs the device
+        step += 1
+        tokens += TOTAL_BATCH_SIZE
+        if not math.isfinite(step_loss) or step_loss > 100:
+            print(f"FAST_FAIL step={step} loss={step_loss} (NaN, infinite or above 100)", flush=True)
+            sys.exit(1)
+        now = time.time()
+        elapsed = now - t0
+        if step == 1:
+            compile_seconds = elapsed  # the first step carries compilation and warm-up
+            t_log, tokens_log = now, tokens
+        if step == 1 or step % LOG_EVERY == 0:
+            rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / elapsed
+            print(f"step={step:6d} | loss={step_loss:.4f} | tok/s={rate:.0f} | mfu={100 * rate * flops_per_token / peak:.1f}% "
+                  f"| elapsed={elapsed:.0f}s | epoch={epoch}", flush=True)
+            t_log, tokens_log = now, tokens
+        if elapsed >= TIME_BUDGET:
+            break
+    training_seconds = elapsed
+    gc.enable()
+    gc.unfreeze()
+
+    # Save before evaluating, so a crash in evaluation does not throw the run away.
+    from safetensors.torch import save_file
+    checkpoint = run_dir / "model.safetensors"
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(checkpoint))
+
+    t_eval = time.time()
+    with autocast:
+        val_bpb = evaluate_bpb(model, tokenizer, EVAL_BATCH_SIZE)
+    eval_seconds = time.time() - t_eval
+    steady = (tokens - TOTAL_BATCH_SIZE) / max(training_seconds - compile_seconds, 1e-9) if step > 1 else 0.0
+    memory = peak_memory_gb(device)
+    result = {
+        "val_bpb": val_bpb, "memory_gb": memory, "num_steps": step, "total_tokens": tokens,
+        "training_seconds": training_seconds, "total_seconds": time.time() - t_start,
+        "startup_seconds": startup_seconds, "compile_seconds": compile_seconds, "eval_seconds": eval_seconds,
+        "tokens_per_second": steady, "mfu_percent": 100 * steady * flops_per_token / peak,
+        "peak_flops": peak, "num_params": model.num_params(), "flops_per_token": flops_per_token,
+        "device": device.type, "dtype": str(dtype).removeprefix("torch."), "compiled": USE_COMPILE,
+        "flash_attention_3": FA3 is not None, "profile": PROFILE, "time_budget": TIME_BUDGET, "seed": seed,
+        "epoch": epoch, "checkpoint": str(checkpoint),
+    }
+    (run_dir / "result.json").write_text(json.dumps(result, indent=1))
+    print(f"training={training_seconds:.1f}s compile={compile_seconds:.1f}s startup={startup_seconds:.1f}s "
+          f"eval={eval_seconds:.1f}s tok/s={steady:.0f} mfu={result['mfu_percent']:.1f}%")
+    print(f"val_bpb={val_bpb:.4f} | memory_gb={memory:.1f} | steps={step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
