@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from autoresearch import ledger, run
+    from autoresearch import agents, ledger, run
     import prepare
     try:
         if args.command == "report":
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
         elif args.command == "loop":
             from autoresearch import loop
             return loop.main(repo, args)
-    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError) as e:
+    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,11 +10,11 @@ class GitError(RuntimeError):
     pass
 
 
-def git(repo: Path, *args: str, check: bool = True) -> str:
+def git(repo: Path, *args: str, check: bool = True, strip: bool = True) -> str:
     proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout.strip()
+    return proc.stdout.strip() if strip else proc.stdout
 
 
 def toplevel(path: Path) -> Path:
@@ -39,9 +39,11 @@ def branch_exists(repo: Path, name: str) -> bool:
 
 def changed_files(repo: Path) -> list[str]:
     """Paths that differ from HEAD: modified, staged, deleted or untracked (ignored files excluded)."""
-    out = git(repo, "status", "--porcelain", "--untracked-files=all")
+    out = git(repo, "status", "--porcelain", "--untracked-files=all", strip=False)
     paths = []
     for line in out.splitlines():
+        if len(line) < 4:
+            continue
         path = line[3:]
         if " -> " in path:
             path = path.split(" -> ", 1)[1]
