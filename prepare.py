@@ -348,12 +348,26 @@ def _expected_sha256(headers) -> str | None:
     return None
 
 
-def download_shard(index: int, dest: Path) -> Path:
-    """Download one shard to dest atomically, verifying its checksum and that it parses as parquet."""
+def _usable_shard(path: Path, sha256: str | None) -> bool:
+    """A shard on disk is reused only if it matches its recorded checksum, or (none recorded) parses."""
+    if sha256 is not None:
+        return sha256_file(path) == sha256
+    try:
+        pq.ParquetFile(path).metadata
+        return True
+    except Exception:
+        return False
+
+
+def download_shard(index: int, dest: Path, sha256: str | None = None) -> Path:
+    """Download one shard to dest atomically, verifying its checksum and that it parses as parquet. A shard
+    already on disk is kept if it is intact, and fetched again if not."""
     import requests
 
     if dest.exists():
-        return dest
+        if _usable_shard(dest, sha256):
+            return dest
+        dest.unlink()
     attempts, backoff = DOWNLOAD_ATTEMPTS, DOWNLOAD_BACKOFF
     url = f"{climbmix_url()}/shard_{index:05d}.parquet"
     tmp = dest.with_name(dest.name + ".tmp")
@@ -383,7 +397,8 @@ def download_shard(index: int, dest: Path) -> Path:
                        "or `--dataset local --path DIR`.")
 
 
-def prepare_climbmix(data_dir: Path, num_shards: int, workers: int, log=print) -> dict:
+def prepare_climbmix(data_dir: Path, num_shards: int, workers: int, known: dict | None = None, log=print) -> dict:
+    """known: shard file name -> sha256 from an earlier manifest, to re-check shards kept on disk."""
     if num_shards < 1:
         raise PrepareError("--num-shards must be at least 1 (training shards).")
     from tqdm import tqdm
@@ -392,7 +407,8 @@ def prepare_climbmix(data_dir: Path, num_shards: int, workers: int, log=print) -
     raw.mkdir(parents=True, exist_ok=True)
     indices = list(range(min(num_shards, CLIMBMIX_VAL_SHARD))) + [CLIMBMIX_VAL_SHARD]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [pool.submit(download_shard, i, raw / f"shard_{i:05d}.parquet") for i in indices]
+        futures = [pool.submit(download_shard, i, raw / f"shard_{i:05d}.parquet",
+                               (known or {}).get(f"shard_{i:05d}.parquet")) for i in indices]
         for fut in tqdm(futures, desc="downloading climbmix", unit="shard"):
             fut.result()
     # Expose the downloaded shards under the common names (hard links: no copy).
@@ -536,6 +552,15 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
             log("Prepared data failed verification, preparing again: " + "; ".join(problems))
         else:
             log(f"Replacing the prepared data in {root} ({existing['profile']}/{existing['dataset']}).")
+    # Checksums of climbmix shards kept on disk, to re-check them (the manifest names their hard links).
+    known = {}
+    if existing and existing.get("dataset") == "climbmix":
+        for rel, info in existing["files"].items():
+            m = re.search(r"train_(\d+)\.parquet$", rel)
+            if m:
+                known[f"shard_{int(m.group(1)):05d}.parquet"] = info["sha256"]
+            elif rel.endswith("/val.parquet"):
+                known[f"shard_{CLIMBMIX_VAL_SHARD:05d}.parquet"] = info["sha256"]
     # Remove the manifest first: from here until the new one is written, nothing counts as prepared.
     (root / MANIFEST_NAME).unlink(missing_ok=True)
     data_dir = root / "data" / dataset
@@ -548,7 +573,7 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
     if dataset == "gutenberg":
         source = prepare_gutenberg(data_dir, root / "downloads", log)
     elif dataset == "climbmix":
-        source = prepare_climbmix(data_dir, num_shards, download_workers, log)
+        source = prepare_climbmix(data_dir, num_shards, download_workers, known, log)
     else:
         source = prepare_local(data_dir, Path(path), log)
 

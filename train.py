@@ -47,8 +47,8 @@ SOFTCAP = 0.0 if CPU else 15.0            # logits squashed to (-SOFTCAP, SOFTCA
                                            # passes over the logits cost ~35% of a step (BENCHMARKS.md)
 
 # batch
-TOTAL_BATCH_SIZE = 4096 if CPU else 2**19  # tokens per optimizer step
-DEVICE_BATCH_SIZE = 16 if CPU else 128     # rows per forward/backward; the rest is gradient accumulation
+TOTAL_BATCH_SIZE = 2048 if CPU else 2**19  # tokens per optimizer step; on CPU many small steps beat few big ones
+DEVICE_BATCH_SIZE = 8 if CPU else 128      # rows per forward/backward; the rest is gradient accumulation
 EVAL_BATCH_SIZE = 64 if CPU else 128       # rows per forward in the final evaluation
 
 # optimizer

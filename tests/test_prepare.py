@@ -301,6 +301,16 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     tok = prepare.Tokenizer.from_directory()
     x, _, _ = next(prepare.make_dataloader(tok, 2, 32))
     assert (x[:, 0] == tok.get_bos_token_id()).all()
+    # a shard corrupted on disk later is caught by its checksum and fetched again; intact ones are kept
+    server.requests.clear()
+    shard = raw / "shard_00001.parquet"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
+                    eval_tokens=512, log=lambda *a: None)
+    assert server.requests == [1]
+    assert prepare.verify(prepare.load_manifest()) == []
 
 
 def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_env, tmp_path):
