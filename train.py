@@ -357,12 +357,12 @@ def peak_flops(device, dtype) -> float:
     cache = cache_dir() / "peak_flops.json"
     known = json.loads(cache.read_text()) if cache.exists() else {}
     if key not in known:
-        n = 1024
+        n = 2048  # big enough to reach the peak, short enough (~1 s on 2 CPU cores) to run once per machine
         a = torch.randn(n, n, device=device, dtype=dtype)
         for _ in range(3):
             a @ a
         best = float("inf")
-        for _ in range(5):
+        for _ in range(10):
             sync(device)
             t = time.perf_counter()
             a @ a

@@ -57,22 +57,13 @@ def _round(value):
     return value
 
 
-def _position(dist, value) -> float | None:
-    """Where value sits in the distribution, in [0, 1] (log scale where the distribution is)."""
+def _in_space(dist, value) -> bool:
+    """Whether value is one the distribution can hold (an agent may have set anything)."""
     if isinstance(dist, CategoricalDistribution):
-        if value not in dist.choices:
-            return None
-        return dist.choices.index(value) / max(1, len(dist.choices) - 1)
+        return value in dist.choices
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not dist.low <= value <= dist.high:
-        return None
-    if isinstance(dist, IntDistribution) and value != int(value):
-        return None
-    lo, hi = dist.low, dist.high
-    if getattr(dist, "log", False):
-        if value <= 0:
-            return None
-        lo, hi, value = math.log(lo), math.log(hi), math.log(value)
-    return (value - lo) / (hi - lo) if hi > lo else 0.0
+        return False
+    return not (isinstance(dist, IntDistribution) and value != int(value))
 
 
 class BuiltinProposer:
@@ -93,7 +84,7 @@ class BuiltinProposer:
 
     def _params_of(self, source: str) -> dict:
         values = read_constants(source, self.profile)
-        return {k: values[k] for k in self.space if k in values and _position(self.space[k], values[k]) is not None}
+        return {k: values[k] for k in self.space if k in values and _in_space(self.space[k], values[k])}
 
     def sync(self) -> None:
         """Add every recorded experiment not yet in the study as a finished trial."""
@@ -126,15 +117,12 @@ class BuiltinProposer:
             trial = self.study.ask(self.space)
             sampled = {k: _round(v) for k, v in trial.params.items()}
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # only configurations that ran count
-            # take the MAX_CHANGES constants TPE moved furthest from the best configuration
-            moves = []
-            for k, v in sampled.items():
-                a, b = _position(self.space[k], base.get(k, v)), _position(self.space[k], v)
-                if k in base and v != base[k] and a is not None and b is not None:
-                    moves.append((abs(a - b) + 1e-3 * self.rng.random(), k))
-            if not moves:
+            # TPE's values for one or two constants picked at random (picking the ones TPE moved furthest
+            # favours constants whose default sits at the edge of the range, e.g. WEIGHT_DECAY 0.0)
+            movable = sorted(k for k, v in sampled.items() if k in base and v != base[k])
+            if not movable:
                 continue
-            chosen = [k for _, k in sorted(moves, reverse=True)[: self.rng.randint(1, MAX_CHANGES)]]
+            chosen = self.rng.sample(movable, min(len(movable), self.rng.randint(1, MAX_CHANGES)))
             changes = {k: sampled[k] for k in chosen}
             changes.update(self._consequences(changes, current))
             candidate = dict(base, **{k: v for k, v in changes.items() if k in self.space})

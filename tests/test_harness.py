@@ -224,3 +224,21 @@ def test_ledger_skips_a_torn_line_and_keeps_appending(tmp_path):
     read = ledger.read(path)
     assert len(read) == 2 and read[0].description == "base with tab" and read[0].val_bpb == 1.5
     assert path.read_text().count("\n") == 4  # header, row, torn line terminated, row
+
+
+@pytest.mark.parametrize("change, reason", [
+    ("import no_such_module_anywhere\n", "exit status 1"),
+    ("raise MemoryError('CUDA out of memory (simulated)')\n", "exit status 1"),
+    ('MATRIX_LR = float("nan")\n', "FAST_FAIL"),
+])
+def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, reason):
+    assert cli(repo, "setup", "--tag", "c", env=env).returncode == 0
+    source = (repo / "train.py").read_text()
+    anchor = "# execution\n"  # after the hyperparameter block, so the NaN learning rate wins
+    (repo / "train.py").write_text(source.replace(anchor, change + anchor))
+    out = cli(repo, "run", "-m", "broken", env=env)
+    assert out.returncode == 1
+    [row] = rows(repo)
+    assert row.status == "crash" and reason in row.description and row.val_bpb == 0.0
+    assert (repo / "train.py").read_text() == source  # reset to the base commit
+    assert "--- last 50 lines of the log" in out.stdout

@@ -2,9 +2,11 @@
 
 import ast
 import difflib
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -135,3 +137,22 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
     assert "3 keep, 1 discard, 1 crash" in proc.stdout
     kept_lines = [l.strip() for l in proc.stdout.splitlines() if l.startswith("  c")]
     assert [l.split()[0] for l in kept_lines] == ["c000000", "c000002", "c000004"]
+
+
+def test_ctrl_c_records_the_experiment_in_flight(repo, env):  # noqa: F811
+    slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
+    loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "cc"], cwd=repo, env=slow,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("step=" in p.read_text()
+                                              for p in (repo / ".autoresearch" / "runs").glob("*/run.log")):
+        time.sleep(0.2)
+    loop.send_signal(signal.SIGINT)
+    out, _ = loop.communicate(timeout=60)
+    assert loop.returncode == 130, out
+    [row] = rows(repo)
+    assert row.status == "crash" and "interrupted by Ctrl-C" in row.description
+    pending = repo / ".autoresearch" / "pending.json"
+    assert not pending.exists()
+    out = cli(repo, "loop", "--max-experiments", "0", env=slow)  # a restart continues the same tag quietly
+    assert out.returncode == 0 and "continuing" not in out.stderr and len(rows(repo)) == 1
