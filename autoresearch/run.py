@@ -21,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from autoresearch import git, ledger
 
@@ -266,7 +267,7 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     best_before = best_row.val_bpb if best_row else None
 
-    def refuse(reason: str) -> Outcome:
+    def refuse(reason: str) -> NoReturn:
         row = _row(config, git.head(repo), f"{description} [refused: {reason}]", run_id, "refused", seed=seed)
         ledger.append(results, row)
         raise HarnessError(f"Refused: {reason}")

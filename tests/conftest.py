@@ -2,6 +2,8 @@
 
 import os
 import random
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,3 +61,39 @@ def small_cache(tmp_path_factory):
 def use_cache(small_cache, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
     return small_cache
+
+
+# --- a repository for harness and loop tests --------------------------------------------------
+
+BUDGET = "2"
+
+
+def sh(repo, *args, check=True):
+    proc = subprocess.run(args, cwd=repo, capture_output=True, text=True)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def cli(repo, *args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def env(small_cache):
+    return dict(os.environ, AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET=BUDGET,
+                PYTHONPATH=str(ROOT))
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A fresh clone-like repository with the real train.py and prepare.py."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("train.py", "prepare.py", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    sh(repo, "git", "init", "-q", "-b", "main")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return repo

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -13,41 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch import ledger
-from conftest import ROOT
-
-BUDGET = "2"
-
-
-def sh(repo, *args, check=True):
-    proc = subprocess.run(args, cwd=repo, capture_output=True, text=True)
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
-
-
-def cli(repo, *args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def env(small_cache):
-    return dict(os.environ, AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET=BUDGET,
-                PYTHONPATH=str(ROOT))
-
-
-@pytest.fixture
-def repo(tmp_path):
-    """A fresh clone-like repository with the real train.py and prepare.py."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    for name in ("train.py", "prepare.py", ".gitignore"):
-        shutil.copy(ROOT / name, repo / name)
-    sh(repo, "git", "init", "-q", "-b", "main")
-    sh(repo, "git", "add", "-A")
-    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
-    return repo
-
+from conftest import cli, sh
 
 def edit_train(repo, pattern, replacement):
     path = repo / "train.py"

@@ -12,8 +12,8 @@ import pytest
 
 from autoresearch import ledger
 from autoresearch.edit import EditError, read_constants, set_constants
-from conftest import ROOT
-from test_harness import cli, env, repo, rows, sh  # noqa: F401  (fixtures)
+from conftest import ROOT, cli, sh
+from test_harness import rows
 
 # --- editing constants -----------------------------------------------------------------------
 
@@ -34,7 +34,7 @@ def test_set_constants_rewrites_only_the_active_profile_literal():
 # --- the built-in proposer, without training -------------------------------------------------------
 
 
-def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):  # noqa: F811
+def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):
     from autoresearch import run
     from autoresearch.proposer import BuiltinProposer
 
@@ -68,7 +68,7 @@ def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, 
 # --- the loop end to end ----------------------------------------------------------------------
 
 
-def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):  # noqa: F811
+def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     out = cli(repo, "loop", "--tag", "night", "--max-experiments", "3", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     first = rows(repo)
@@ -100,7 +100,7 @@ AGENT = textwrap.dedent('''
 ''')
 
 
-def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):  # noqa: F811
+def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
     agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
     out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", env=env, timeout=600)
@@ -113,7 +113,7 @@ def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_p
     assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
 
 
-def test_missing_agent_binary_is_a_clear_error(repo, env):  # noqa: F811
+def test_missing_agent_binary_is_a_clear_error(repo, env):
     out = cli(repo, "loop", "--agent", "no-such-agent-binary --flag", "--max-experiments", "1", env=env)
     assert out.returncode == 2 and "not on PATH" in out.stderr and "--agent builtin" in out.stderr
     assert not (repo / "results.tsv").exists()
@@ -139,7 +139,7 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
     assert [l.split()[0] for l in kept_lines] == ["c000000", "c000002", "c000004"]
 
 
-def test_ctrl_c_records_the_experiment_in_flight(repo, env):  # noqa: F811
+def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
     loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "cc"], cwd=repo, env=slow,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

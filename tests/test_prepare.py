@@ -3,7 +3,6 @@
 import hashlib
 import http.server
 import io
-import json
 import math
 import threading
 from pathlib import Path

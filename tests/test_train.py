@@ -4,12 +4,9 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 import prepare
 from conftest import ROOT
