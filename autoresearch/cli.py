@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--timeout", type=float, help="seconds before the run is killed (default 2 x budget + 120)")
+    p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
+                   help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
     sub.add_parser("status", help="best result and recent experiments")
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
     p.add_argument("--agent", default="builtin", help="builtin (default), claude, codex, aider, or a command line")
@@ -49,6 +51,8 @@ def main(argv=None) -> int:
     p.add_argument("--hours", type=float, help="stop after this many hours")
     p.add_argument("--tag", help="tag to create (or continue) if not on an experiment branch")
     p.add_argument("--agent-timeout", type=float, default=1800, help="seconds an external agent may take")
+    p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
+                   help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
     p = sub.add_parser("report", help="progress.png and a summary of this tag")
     p.add_argument("--results", help="results.tsv to read (default: the repository's)")
     p.add_argument("--tag", help="tag to report (default: the current branch's, else all rows)")
@@ -75,9 +79,10 @@ def main(argv=None) -> int:
             print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s")
             print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         elif args.command == "run":
-            outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout)
+            outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout,
+                                         sandbox_mode=args.sandbox)
             print(run.summary(outcome))
-            return 0 if outcome.row.status != "crash" else 1
+            return {"crash": 1, "refused": 2}.get(outcome.row.status, 0)
         elif args.command == "status":
             print(_status(repo))
         elif args.command == "loop":

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description",
-           "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed"]
+           "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed", "protection"]
 HEADER = "\t".join(COLUMNS) + "\n"
+OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluated models itself)"}
 STATUSES = ("keep", "discard", "crash", "refused")
 
 
@@ -36,13 +37,14 @@ class Row:
     wall_s: float
     fingerprint: str
     seed: int
+    protection: str = "none"   # what enforced the rules during training: bwrap (sandbox) or none
 
     def to_line(self) -> str:
         values = asdict(self)
         values["val_bpb"] = f"{self.val_bpb:.6f}"
         values["memory_gb"] = f"{self.memory_gb:.1f}"
         values["wall_s"] = f"{self.wall_s:.1f}"
-        values["budget_s"] = f"{self.budget_s:g}"
+        values["budget_s"] = format_budget(self.budget_s)
         values["description"] = " ".join(str(self.description).split())  # no tabs or newlines
         return "\t".join(str(values[c]) for c in COLUMNS) + "\n"
 
@@ -59,6 +61,11 @@ class Row:
             elif t in ("int", int):
                 kw[k] = int(kw[k])
         return cls(**kw)
+
+
+def format_budget(seconds: float) -> str:
+    """Exactly: 300 as '300', 299.99999 as '299.99999' (never rounded, so it compares equal when read back)."""
+    return str(int(seconds)) if float(seconds) == int(seconds) else repr(float(seconds))
 
 
 def create(path: Path) -> None:
@@ -79,6 +86,10 @@ def check_header(path: Path) -> None:
         raise LedgerError(f"{path.name} is missing. Run `autoresearch setup --tag TAG` to create it.")
     with open(path, encoding="utf-8") as f:
         first = f.readline()
+    if first in OLD_HEADERS:
+        raise LedgerError(f"{path} was written by autoresearch {OLD_HEADERS[first]}, whose rows this version "
+                          f"cannot extend. Move it aside (`mv {path.name} {path.name}.old`; nothing in it is lost) "
+                          "and start a new tag with `autoresearch setup --tag TAG`.")
     if first != HEADER:
         raise LedgerError(f"{path} does not start with the expected header. It may be from another tool or "
                           f"version: move it aside (`mv {path.name} {path.name}.old`) and run "

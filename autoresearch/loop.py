@@ -6,14 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autoresearch import agents, git, ledger, run
+from autoresearch import agents, git, ledger, run, sandbox
 
 
 def ensure_data(log=print) -> None:
     import prepare
+
+    from autoresearch import data
     if prepare.load_manifest() is None:
         log("no prepared data yet: preparing the default for this machine (python prepare.py)")
-        prepare.prepare(log=log)
+        data.prepare(log=log)
 
 
 def ensure_tag(repo: Path, tag: str | None, log=print) -> dict:
@@ -74,11 +76,16 @@ def main(repo: Path, args, log=print) -> int:
     if args.agent != "builtin":
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = ensure_tag(repo, args.tag, log)
+    try:
+        protection = sandbox.protection(args.sandbox)  # --sandbox on without bubblewrap: an error before any run
+    except sandbox.SandboxError as e:
+        raise run.HarnessError(str(e)) from None
     run.recover(repo, log)
     agent = make_agent(repo, config, args.agent, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     done, failures = 0, 0
-    log(f"loop on {config['branch']} with agent {agent.name}; Ctrl-C stops after recording the experiment in flight")
+    log(f"loop on {config['branch']} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
+        "after recording the experiment in flight")
     while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
         rows = ledger.read(repo / "results.tsv", config["tag"])
         if not any(r.status in ("keep", "discard", "crash") for r in rows):
@@ -96,7 +103,8 @@ def main(repo: Path, args, log=print) -> int:
         failures = 0
         progress = Progress(config["budget_s"], description)
         try:
-            outcome = run.run_experiment(repo, description, on_progress=progress, log=log)
+            outcome = run.run_experiment(repo, description, on_progress=progress, log=log,
+                                         sandbox_mode=args.sandbox)
         except KeyboardInterrupt:
             progress.close()
             run.recover(repo, log, reason="interrupted by Ctrl-C")

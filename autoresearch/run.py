@@ -10,6 +10,7 @@ State lives in three places, each safe against a kill at any moment:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -23,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import git, ledger
+from autoresearch import evaluate, git, guard, ledger, sandbox
 
 STATE_DIR = ".autoresearch"
 BRANCH_PREFIX = "autoresearch/"
 EDITABLE = "train.py"
-TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and evaluation
-FINAL_LINE = re.compile(r"^val_bpb=([0-9.]+) \| memory_gb=([0-9.]+) \| steps=(\d+)\s*$", re.M)
+TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
+# Seconds a run may take beyond its budget until its result.json appears (startup, export, the check): the
+# default model needs ~5 s on 2 CPU cores (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
+OUTSIDE_ALLOWANCE = {"cpu": 30.0, "gpu": 60.0}
+EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
 
 
 class HarnessError(RuntimeError):
@@ -43,6 +47,7 @@ class Outcome:
     log_tail: str
     run_dir: Path
     result: dict | None
+    evaluation: dict
 
 
 # --- the repository and its tag ------------------------------------------------------
@@ -74,13 +79,12 @@ def _atomic_json(path: Path, data: dict) -> None:
 
 
 def fixed_fingerprint(repo: Path) -> str:
-    """The fingerprint of the fixed half as this repository has it (its own prepare.py, the prepared data).
-    prepare.py is also hashed here, so an edited fingerprint() cannot vouch for itself."""
-    import hashlib
-
+    """The fingerprint of the fixed half as this repository has it (its own prepare.py, the prepared data, every
+    data file checked by sha256). prepare.py is also hashed here, so an edited fingerprint() cannot vouch for
+    itself."""
     import prepare
     try:
-        digest = prepare.fingerprint(prepare_path=repo / "prepare.py")
+        digest = prepare.fingerprint(prepare_path=repo / "prepare.py", full=True)
     except prepare.PrepareError as e:
         raise HarnessError(str(e)) from None
     return hashlib.sha256(digest.encode() + (repo / "prepare.py").read_bytes()).hexdigest()
@@ -106,8 +110,10 @@ def setup(repo: Path, tag: str) -> dict:
         raise HarnessError("Uncommitted changes: " + ", ".join(dirty[:5]) + ". Commit or stash them first, so the "
                            "baseline is exactly the committed train.py.")
     fingerprint = fixed_fingerprint(repo)
+    prepare_source = git.git(repo, "show", "HEAD:prepare.py", strip=False).encode()
     config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": current_budget(),
-              "base_commit": git.head(repo), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     git.git(repo, "checkout", "-q", "-b", name)
     _atomic_json(state_dir(repo) / "tags" / f"{tag}.json", config)
     ledger.create(repo / "results.tsv")
@@ -137,11 +143,12 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _row(config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0):
+def _row(config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0,
+         protection="none"):
     return ledger.Row(commit=commit[:7], val_bpb=val_bpb, memory_gb=memory_gb, status=status,
                       description=description, tag=config["tag"], run_id=run_id, time=_now(),
                       budget_s=config["budget_s"], steps=steps, wall_s=wall,
-                      fingerprint=config["fingerprint"][:12], seed=seed)
+                      fingerprint=config["fingerprint"][:12], seed=seed, protection=protection)
 
 # --- recovery -----------------------------------------------------------------------------
 
@@ -210,21 +217,42 @@ def _progress_seconds(log_path: Path) -> float | None:
         return None
 
 
+@dataclass
+class Training:
+    code: int | None        # exit status, None when killed at the timeout
+    timed_out: bool
+    result_after: float | None  # seconds from the start until result.json appeared, by the harness's clock
+    wall: float
+
+
 def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          on_progress=None) -> tuple[int | None, bool]:
-    """Run train.py in its own process group with output to run_dir/run.log. Returns (exit code, timed out)."""
-    env = dict(os.environ, AUTORESEARCH_RUN_DIR=str(run_dir), AUTORESEARCH_SEED=str(seed), PYTHONUNBUFFERED="1")
+          view: Path, wrap=None, on_progress=None) -> Training:
+    """Run train.py in its own process group (inside `wrap`, the sandbox, if given) with output to
+    run_dir/run.log, watching for its result.json."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
+    env.update(AUTORESEARCH_RUN_DIR=str(run_dir), AUTORESEARCH_SEED=str(seed), AUTORESEARCH_CACHE=str(view),
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
+    if "AUTORESEARCH_TIME_BUDGET" in os.environ:
+        env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
+    if wrap is not None:
+        env["TMPDIR"] = "/tmp"
+    argv = [sys.executable, EDITABLE]
     log_path = run_dir / "run.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([sys.executable, EDITABLE], cwd=repo, env=env, stdout=log_file,
+        proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=repo, env=env, stdout=log_file,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     pending["pgid"] = proc.pid
     _atomic_json(pending_path, pending)
     start = time.time()
+    result_path = run_dir / prepare_contract().RESULT_FILE
+    result_after = None
     timed_out = False
     try:
         while proc.poll() is None:
-            if time.time() - start > timeout:
+            now = time.time()
+            if result_after is None and result_path.exists():
+                result_after = now - start
+            if now - start > timeout:
                 timed_out = True
                 break
             if on_progress:
@@ -233,32 +261,64 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
     finally:
         _kill_group(proc.pid, grace=0 if proc.poll() is not None else 5.0)  # leftovers and grandchildren too
         proc.wait()
-    return (None if timed_out else proc.returncode), timed_out
+    wall = time.time() - start
+    if result_after is None and result_path.exists():
+        result_after = wall
+    return Training(None if timed_out else proc.returncode, timed_out, result_after, wall)
 
 
-def read_result(run_dir: Path, log_text: str) -> tuple[dict | None, str]:
-    """The run's result.json, cross-checked with the final val_bpb= line. (result, problem)."""
-    lines = FINAL_LINE.findall(log_text)
-    path = run_dir / "result.json"
-    if not lines:
-        return None, "no final val_bpb= line"
+def prepare_contract():
+    """The harness's own copy of the fixed half (the installed one, imported once at the CLI's start)."""
+    import prepare
+    return prepare
+
+
+def read_result(run_dir: Path) -> tuple[dict | None, str]:
+    """The run's result.json, checked against the contract's schema. (result, problem)."""
+    contract = prepare_contract()
+    path = run_dir / contract.RESULT_FILE
     if not path.exists():
-        return None, "no result.json"
+        return None, "no result.json (train.py must end with prepare.finish)"
     try:
         result = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None, "result.json is not valid JSON"
-    val, _, steps = lines[-1]
-    if f"{result.get('val_bpb', float('nan')):.4f}" != val or result.get("num_steps") != int(steps):
-        return None, f"result.json (val_bpb={result.get('val_bpb')}) disagrees with the log's final line ({val})"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return None, f"result.json is not valid JSON ({e})"
+    problems = contract.check_result(result)
+    if problems:
+        return None, "result.json: " + "; ".join(problems[:4])
     return result, ""
 
 
+def outside_allowance(profile: str) -> float:
+    """Seconds a run may take beyond its budget until result.json appears: startup (imports, data, model,
+    probe) plus the export and check in prepare.finish. See README: Integrity."""
+    raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
+    if raw:
+        try:
+            return float(raw)
+        except ValueError:
+            raise HarnessError(f"AUTORESEARCH_OUTSIDE_ALLOWANCE={raw!r} is not a number of seconds.") from None
+    return OUTSIDE_ALLOWANCE[profile]
+
+
+def clean_prepare(repo: Path, config: dict) -> bytes:
+    """prepare.py as committed when the tag was set up: the evaluator's copy, never the working tree's."""
+    source = git.git(repo, "show", f"{config['base_commit']}:prepare.py", strip=False).encode()
+    if hashlib.sha256(source).hexdigest() != config["prepare_sha256"]:
+        raise HarnessError("prepare.py in git at the tag's base commit is not the one the tag was set up with; "
+                           "the repository was rewritten. Start a new tag.")
+    return source
+
+
 def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
-                   on_progress=None, log=print) -> Outcome:
+                   on_progress=None, log=print, sandbox_mode: str = "auto") -> Outcome:
     description = " ".join(description.split()) or "(no description)"
     config = load_tag(repo)
     recover(repo, log)
+    try:
+        protection = sandbox.protection(sandbox_mode)
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
     results = repo / "results.tsv"
     rows = ledger.read(results, config["tag"])
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
@@ -267,9 +327,11 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     best_before = best_row.val_bpb if best_row else None
 
+    def row(status, commit, text, **kw):
+        return _row(config, commit, text, run_id, status, seed=seed, protection=protection, **kw)
+
     def refuse(reason: str) -> NoReturn:
-        row = _row(config, git.head(repo), f"{description} [refused: {reason}]", run_id, "refused", seed=seed)
-        ledger.append(results, row)
+        ledger.append(results, row("refused", git.head(repo), f"{description} [refused: {reason}]"))
         raise HarnessError(f"Refused: {reason}")
 
     changed = git.changed_files(repo)
@@ -285,6 +347,11 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     if budget != config["budget_s"]:
         refuse(f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
                f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
+    fixed_source = clean_prepare(repo, config)
+    contract = prepare_contract()
+    cache = contract.cache_dir()
+    manifest = contract.require_manifest()
+    allowance = outside_allowance(manifest["profile"])
 
     commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
     pending_path = state_dir(repo) / "pending.json"
@@ -292,42 +359,93 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
                "seed": seed, "started": _now(), "pgid": None}
     _atomic_json(pending_path, pending)
 
+    view = sandbox.make_view(run_dir, cache, manifest)
+    wrap = (lambda argv: sandbox.wrap(argv, repo, run_dir, cache, manifest)) if protection == "bwrap" else None
+    before = guard.snapshot(repo, exclude=[run_dir, pending_path])
     timeout = timeout if timeout is not None else 2 * config["budget_s"] + TIMEOUT_MARGIN
-    t0 = time.time()
-    code, timed_out = train(repo, run_dir, seed, timeout, pending, pending_path, on_progress)
-    wall = time.time() - t0
-    log_text = (run_dir / "run.log").read_text(errors="replace")
-    shutil.copyfile(run_dir / "run.log", repo / "run.log.tmp")
-    os.replace(repo / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
+    training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress)
+    log_path = run_dir / "run.log"
+    log_text = log_path.read_text(errors="replace")
+    sandbox.keep_measurements(view, cache)
 
-    result, problem = (None, "") if timed_out or code != 0 else read_result(run_dir, log_text)
-    if result is not None and result.get("time_budget") != config["budget_s"]:
-        result, problem = None, f"the run used a {result.get('time_budget')} s budget, not {config['budget_s']} s"
-    if result is None:
-        if timed_out:
-            reason = f"timeout after {timeout:.0f} s, killed"
-        elif "FAST_FAIL" in log_text:
-            reason = "FAST_FAIL (loss NaN, infinite or exploding)"
-        elif code != 0:
-            reason = f"exit status {code}"
-        else:
-            reason = problem
-        row = _row(config, commit, f"{description} [crash: {reason}]", run_id, "crash", wall=wall, seed=seed)
+    # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
+    after = guard.snapshot(repo, exclude=[run_dir, pending_path])
+    tampered = guard.changes(before, after)
+    refusal = crash = None
+    evaluation = {}
+    if tampered:
+        lost = guard.restore(repo, before, after)
+        refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
+                   (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
     else:
-        better = best_before is None or result["val_bpb"] < best_before
-        row = _row(config, commit, description, run_id, "keep" if better else "discard", result["val_bpb"],
-                   result["memory_gb"], result["num_steps"], wall, seed)
-    ledger.append(results, row)
-    if row.status != "keep":
+        try:
+            fingerprint_after = fixed_fingerprint(repo)
+        except HarnessError as e:
+            fingerprint_after = str(e)
+        if fingerprint_after != config["fingerprint"]:
+            refusal = ("the prepared data or prepare.py changed during the run; every later run is refused until "
+                       "`python prepare.py --force` restores it")
+    result = None
+    if refusal is None:
+        result, problem = (None, "") if training.timed_out or training.code != 0 else read_result(run_dir)
+        if training.timed_out:
+            crash = f"timeout after {timeout:.0f} s, killed"
+        elif "FAST_FAIL" in log_text:
+            crash = "FAST_FAIL (loss NaN, infinite or exploding)"
+        elif training.code != 0:
+            crash = f"exit status {training.code}"
+        elif result is None:
+            crash = problem
+        elif result.get("export_error"):
+            crash = f"the model could not be exported: {result['export_error'][:300]}"
+        elif result["time_budget"] != config["budget_s"]:
+            refusal = f"the run used a {result['time_budget']} s budget, not {config['budget_s']} s"
+        elif training.result_after > config["budget_s"] + allowance:
+            refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {config['budget_s']}"
+                       f" s budget plus the {allowance:.0f} s allowance for startup and export")
+    if refusal is None and crash is None:
+        evaluation = evaluate.run_evaluation(
+            fixed_source, run_dir, result["dtype"], result["device"], result["check_bpb"],
+            best_before if best_before is not None else float("inf"), cache, timeout=EVAL_TIMEOUT)
+        evaluation["outside_s"] = training.result_after - config["budget_s"]
+        if "refused" in evaluation:
+            refusal = evaluation["refused"]
+        elif "error" in evaluation:
+            crash = evaluation["error"]
+        elif result.get("val_bpb") is not None and abs(result["val_bpb"] - evaluation["val_bpb"]) > \
+                evaluate.CHECK_TOLERANCE[result["dtype"]]:
+            refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
+                       f"{evaluation['val_bpb']:.6f}")
+        _atomic_json(run_dir / "evaluation.json", evaluation)
+
+    if refusal is not None:
+        outcome_row = row("refused", commit, f"{description} [refused: {refusal}]", wall=training.wall)
+    elif crash is not None:
+        outcome_row = row("crash", commit, f"{description} [crash: {crash}]", wall=training.wall)
+    else:
+        val_bpb = evaluation["val_bpb"]
+        better = best_before is None or val_bpb < best_before
+        outcome_row = row("keep" if better else "discard", commit, description, val_bpb=val_bpb,
+                          memory_gb=result["memory_gb"], steps=result["num_steps"], wall=training.wall)
+        with open(log_path, "a") as f:  # the public protocol's last line, now the harness's number
+            f.write(contract.final_line(val_bpb, result["memory_gb"], result["num_steps"]) + "\n")
+    ledger.append(results, outcome_row)
+    shutil.copyfile(log_path, repo / "run.log.tmp")
+    os.replace(repo / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
+    if outcome_row.status != "keep":
         git.reset_hard(repo, last_kept_commit(repo, config, rows))
-        (run_dir / "model.safetensors").unlink(missing_ok=True)  # only kept models are worth their disk
+        for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):  # only kept models are worth their disk
+            (run_dir / name).unlink(missing_ok=True)
     pending_path.unlink()
-    return Outcome(row=row, best_before=best_before, log_tail=_tail(run_dir / "run.log"), run_dir=run_dir,
-                   result=result)
+    return Outcome(row=outcome_row, best_before=best_before, log_tail=_tail(log_path), run_dir=run_dir,
+                   result=result, evaluation=evaluation)
 
 
 def summary(outcome: Outcome) -> str:
     row, result = outcome.row, outcome.result
+    if row.status == "refused":
+        return (f"refused: {row.description}\n--- the branch is back on the last kept commit; the rules are in "
+                f"program.md")
     if row.status == "crash":
         return (f"crash: {row.description}\n--- last 50 lines of the log ({outcome.run_dir / 'run.log'}) ---\n"
                 f"{outcome.log_tail}\n--- the branch is back on the last kept commit; fix train.py and run again")
@@ -335,5 +453,5 @@ def summary(outcome: Outcome) -> str:
                                                      f"{outcome.best_before:.6f})"
     base = "baseline, " if outcome.best_before is None else ""
     return (f"{row.status}: val_bpb={row.val_bpb:.6f}{delta} | {base}steps={row.steps} | memory_gb={row.memory_gb:.1f} "
-            f"| tok/s={result['tokens_per_second']:.0f} | wall={row.wall_s:.0f}s | commit={row.commit}"
+            f"| tok/s={result.get('tokens_per_second', 0):.0f} | wall={row.wall_s:.0f}s | commit={row.commit}"
             + ("" if row.status == "keep" else " | train.py is back at the last kept commit"))

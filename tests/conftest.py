@@ -13,12 +13,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import prepare  # noqa: E402
+from autoresearch import data  # noqa: E402
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "
          "quickly slowly happily and but then café naïve 東京 über").split()
 
 
-def make_corpus(n_docs: int = 400, seed: int = 0) -> list[str]:
+def make_corpus(n_docs: int = 600, seed: int = 0) -> list[str]:
     """Documents of simple repetitive sentences: learnable, with some multi-byte characters."""
     rng = random.Random(seed)
     docs = []
@@ -41,12 +42,13 @@ def prepare_small(cache: Path, corpus_dir: Path, **overrides) -> dict:
     settings = dict(profile="cpu", dataset="local", path=str(corpus_dir), vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     settings.update(overrides)
-    return prepare.prepare(**settings)
+    return data.prepare(**settings)
 
 
 @pytest.fixture(scope="session")
 def small_cache(tmp_path_factory):
-    """A prepared cache directory (local dataset, vocab 300, sequence 32), shared read-only by tests."""
+    """A prepared cache directory (local dataset, vocab 300, sequence 32, 512 evaluation tokens), shared
+    read-only by tests."""
     root = tmp_path_factory.mktemp("cache")
     old = os.environ.get("AUTORESEARCH_CACHE")
     prepare_small(root, tmp_path_factory.mktemp("corpus"))
@@ -97,3 +99,16 @@ def repo(tmp_path):
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
     return repo
+
+
+@pytest.fixture
+def bwrap_or_skip():
+    """Call it to skip a test that needs bubblewrap where it cannot run; CI installs it (.ci/run), so there the
+    test always runs."""
+    def check():
+        from autoresearch import sandbox
+        if not sandbox.bwrap_works():
+            if os.environ.get("CI"):
+                pytest.fail("bubblewrap is required in CI (.ci/run installs it)")
+            pytest.skip("bubblewrap (bwrap) is not available here")
+    return check

@@ -69,12 +69,23 @@ def test_keep_discard_crash_and_status(repo, env):
 
 GRANDCHILD_HANG = '''
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(1000)"])
-open("grandchild.pid", "w").write(str(child.pid))
+for new_session in (False, SETSID):  # one stays in the group, one escapes it with setsid
+    subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "time.sleep(1000)  # MARKER"], start_new_session=new_session)
 print("hanging", flush=True)
 time.sleep(1000)
 '''
+
+
+def _processes_with(marker):
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "cmdline").read_bytes() and _alive(int(proc.name)):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def _alive(pid):
@@ -87,15 +98,21 @@ def _alive(pid):
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
-def test_a_hang_is_killed_with_its_grandchildren(repo, env):
+@pytest.mark.parametrize("sandbox", ["off", "on"])
+def test_a_hang_is_killed_with_its_grandchildren(repo, env, sandbox, bwrap_or_skip):
+    """Without a sandbox the process group dies (a setsid escapee survives: issue 9); in the sandbox's process
+    namespace every process dies with it."""
+    if sandbox == "on":
+        bwrap_or_skip()
+    marker = f"hang-marker-{sandbox}-{os.getpid()}"
     assert cli(repo, "setup", "--tag", "hang", env=env).returncode == 0
-    (repo / "train.py").write_text(GRANDCHILD_HANG)
+    (repo / "train.py").write_text(GRANDCHILD_HANG.replace("MARKER", marker).replace("SETSID", str(sandbox == "on")))
     t0 = time.time()
-    out = cli(repo, "run", "-m", "hang forever", "--timeout", "3", env=env)
+    out = cli(repo, "run", "-m", "hang forever", "--timeout", "3", "--sandbox", sandbox, env=env)
     assert out.returncode == 1 and time.time() - t0 < 30
     assert "timeout after 3 s" in rows(repo)[-1].description and rows(repo)[-1].status == "crash"
-    pid = int((repo / "grandchild.pid").read_text())
-    assert not _alive(pid)
+    assert rows(repo)[-1].protection == {"off": "none", "on": "bwrap"}[sandbox]
+    assert _processes_with(marker) == []
 
 
 def test_tampered_prepare_is_refused_and_recorded(repo, env):

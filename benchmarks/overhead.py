@@ -1,0 +1,97 @@
+"""Seconds outside the training budget per experiment, for one or more git revisions side by side.
+
+    python benchmarks/overhead.py --rev 48c3bea --rev HEAD --budget 30 --runs 3
+
+Each revision is cloned into a temporary directory (its own harness, prepare.py and train.py), set up on a
+tag, and runs `autoresearch run` on its unchanged train.py `--runs` times; revisions take turns, so a slow
+minute of the machine hits both. Outside-budget time is the whole `autoresearch run` command's wall clock
+minus the budget: process starts, imports, the peak probe, data and model setup, export, evaluation and the
+harness's own work. The parts come from the run's result.json and, where the revision has one, the
+harness's evaluation.json. Uses the prepared data in AUTORESEARCH_CACHE (default ~/.cache/autoresearch).
+Run it alone: another torch process on the same cores makes every number meaningless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def clone(rev: str, dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "-q", rev], check=True)
+    subprocess.run(["git", "-C", str(dest), "checkout", "-q", "-b", "bench"], check=True)
+    return dest
+
+
+def cli(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    # `python -m` puts the clone first on sys.path, so each revision runs its own harness.
+    return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
+                          capture_output=True, text=True)
+
+
+def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
+    t0 = time.perf_counter()
+    proc = cli(repo, env, "run", "-m", f"unchanged {n}")
+    total = time.perf_counter() - t0
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{repo}: autoresearch run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    evaluation = run_dir / "evaluation.json"
+    evaluation = json.loads(evaluation.read_text()) if evaluation.exists() else {}
+    return {"total": total, "outside": total - budget, "status": proc.stdout.split(":", 1)[0],
+            "training": result.get("training_seconds"), "startup": result.get("startup_seconds"),
+            "train_eval": result.get("eval_seconds"), "export": result.get("export_seconds"),
+            "harness_eval": evaluation.get("seconds"), "tok_s": result.get("tokens_per_second")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rev", action="append", help="git revision (repeatable; default HEAD)")
+    parser.add_argument("--budget", type=float, default=30)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", help="write every measurement as JSON lines here")
+    args = parser.parse_args()
+    revs = args.rev or ["HEAD"]
+    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=f"{args.budget:g}")
+    env.pop("PYTHONPATH", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        repos = {}
+        for i, rev in enumerate(revs):
+            repos[rev] = clone(rev, Path(tmp) / f"r{i}")
+            out = cli(repos[rev], env, "setup", "--tag", "overhead")
+            if out.returncode != 0:
+                raise SystemExit(f"setup failed for {rev}: {out.stderr}")
+        rows = {rev: [] for rev in revs}
+        for n in range(args.runs):
+            for rev in revs:
+                m = one_run(repos[rev], env, args.budget, n)
+                rows[rev].append(m)
+                print(f"{rev:>12} run {n + 1}: " + " ".join(
+                    f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps({"rev": rev, "budget": args.budget, **m}) + "\n")
+    print(f"\nmedians over {args.runs} runs, budget {args.budget:g} s (seconds):")
+    keys = ["outside", "startup", "export", "train_eval", "harness_eval", "training", "tok_s"]
+    print(f"{'revision':>12} " + " ".join(f"{k:>12}" for k in keys))
+    for rev in revs:
+        cells = []
+        for k in keys:
+            values = [m[k] for m in rows[rev] if m[k] is not None]
+            cells.append(f"{statistics.median(values):12.1f}" if values else f"{'-':>12}")
+        print(f"{rev:>12} " + " ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
