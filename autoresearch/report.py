@@ -1,25 +1,44 @@
 """`autoresearch report`: progress.png (every experiment a dot, kept ones labelled, the running best as a step
-line) and a short text summary."""
+line) and a short text summary, with each kept model's test_bpb: the held-out split that only the harness
+reads, so that over-fitting the validation set through many keeps shows."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from autoresearch import ledger
 
 
-def summarize(rows: list[ledger.Row]) -> str:
+def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
+    """run_id -> test_bpb, from the harness's evaluation.json of each kept run that has one."""
+    out = {}
+    for r in rows:
+        try:
+            out[r.run_id] = float(json.loads((runs_dir / r.run_id / "evaluation.json").read_text())["test_bpb"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None) -> str:
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     lines = [f"{len(rows)} experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES if counts[s])]
     kept = [r for r in rows if r.status == "keep"]
     if not kept:
         return "\n".join(lines + ["no kept result yet"])
+    tests = tests or {}
     baseline, best = kept[0], min(kept, key=lambda r: r.val_bpb)
     gain = baseline.val_bpb - best.val_bpb
     lines.append(f"baseline val_bpb {baseline.val_bpb:.6f} -> best {best.val_bpb:.6f} at {best.commit} "
                  f"({gain:+.6f}, {100 * gain / baseline.val_bpb:.2f}% better)")
-    lines.append("kept changes, in order:")
-    lines += [f"  {r.commit}  {r.val_bpb:.6f}  {r.description}" for r in kept]
+    if baseline.run_id in tests and best.run_id in tests:
+        test_gain = tests[baseline.run_id] - tests[best.run_id]
+        lines.append(f"held-out test_bpb {tests[baseline.run_id]:.6f} -> {tests[best.run_id]:.6f} ({test_gain:+.6f}); "
+                     "a test gain well below the validation gain means the keeps fit the validation set")
+    lines.append("kept changes, in order (commit, val_bpb, test_bpb, description):")
+    lines += [f"  {r.commit}  {r.val_bpb:.6f}  " + (f"{tests[r.run_id]:.6f}" if r.run_id in tests else "       -") +
+              f"  {r.description}" for r in kept]
     return "\n".join(lines)
 
 
@@ -88,4 +107,5 @@ def main(args) -> str:
     if not rows:
         raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + ".")
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch")
-    return summarize(rows) + f"\nplot: {out}"
+    tests = test_scores([r for r in rows if r.status == "keep"], path.parent / run.STATE_DIR / "runs")
+    return summarize(rows, tests) + f"\nplot: {out}"

@@ -224,3 +224,34 @@ def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, r
     assert row.status == "crash" and reason in row.description and row.val_bpb == 0.0
     assert (repo / "train.py").read_text() == source  # reset to the base commit
     assert "--- last 50 lines of the log" in out.stdout
+
+
+@pytest.mark.parametrize("budget", ["abc", "0", "nan", "10000", "-5"])
+def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env, budget):
+    bad = dict(env, AUTORESEARCH_TIME_BUDGET=budget)
+    out = cli(repo, "setup", "--tag", "b", env=bad)
+    assert out.returncode == 2 and "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr
+    assert cli(repo, "setup", "--tag", "b", env=env).returncode == 0
+    for args in (["run", "-m", "x"], ["loop", "--max-experiments", "1"]):
+        out = cli(repo, *args, env=bad)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
+    proc = subprocess.run([sys.executable, "train.py"], cwd=repo, env=bad, capture_output=True, text=True)
+    assert proc.returncode != 0 and "AUTORESEARCH_TIME_BUDGET" in proc.stderr
+
+
+def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, env, small_cache, tmp_path):
+    import shutil
+    cache = tmp_path / "cache"
+    shutil.copytree(small_cache, cache)
+    own = dict(env, AUTORESEARCH_CACHE=str(cache))
+    manifest = (cache / "manifest.json").read_text()
+    (cache / "manifest.json").write_text(manifest[: len(manifest) // 2])  # torn
+    for args in (["setup", "--tag", "m"], ["prepare"], ["loop", "--max-experiments", "1"]):
+        out = cli(repo, *args, env=own)
+        assert out.returncode == 2 and "prepare.py --force" in out.stderr and "Traceback" not in out.stderr, args
+    source = json.loads(manifest)["source"]["path"]
+    out = cli(repo, "prepare", "--force", "--dataset", "local", "--path", source, "--vocab-size", "300",
+              "--max-seq-len", "32", "--eval-tokens", "512", env=own)
+    assert out.returncode == 0, out.stderr
+    assert cli(repo, "setup", "--tag", "m", env=own).returncode == 0

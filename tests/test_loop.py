@@ -2,6 +2,7 @@
 
 import ast
 import difflib
+import json
 import signal
 import subprocess
 import sys
@@ -128,6 +129,11 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
             ("crash", 0.0, "typo"), ("keep", 2.00, "TOTAL_BATCH_SIZE 4096 -> 2048")]
     for i, (status, bpb, desc) in enumerate(data):
         ledger.append(path, ledger.Row(f"c{i:06d}", bpb, 0.5, status, desc, "t", f"r{i}", "now", 300, 10, 310, "f", 42))
+    # the harness's evaluation of the kept models, with the held-out test split
+    for run_id, test_bpb in (("r0", 2.12), ("r2", 2.09), ("r4", 2.07)):
+        run_dir = tmp_path / ".autoresearch" / "runs" / run_id
+        run_dir.mkdir(parents=True)
+        (run_dir / "evaluation.json").write_text(json.dumps({"val_bpb": 0.0, "test_bpb": test_bpb}))
     out = tmp_path / "progress.png"
     proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", "report", "--results", str(path), "--out", str(out)],
                           capture_output=True, text=True, cwd=tmp_path)
@@ -136,7 +142,9 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
     assert "baseline val_bpb 2.100000 -> best 2.000000" in proc.stdout and "4.76% better" in proc.stdout
     assert "3 keep, 1 discard, 1 crash" in proc.stdout
     kept_lines = [l.strip() for l in proc.stdout.splitlines() if l.startswith("  c")]
-    assert [l.split()[0] for l in kept_lines] == ["c000000", "c000002", "c000004"]
+    assert [l.split()[:3] for l in kept_lines] == [["c000000", "2.100000", "2.120000"], ["c000002", "2.050000", "2.090000"],
+                                                   ["c000004", "2.000000", "2.070000"]]
+    assert "held-out test_bpb 2.120000 -> 2.070000 (+0.050000)" in proc.stdout
 
 
 def test_ctrl_c_records_the_experiment_in_flight(repo, env):
