@@ -60,6 +60,14 @@ def build_prompt(repo: Path, tag: str, last_outcome=None) -> str:
     return "\n".join(lines)
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 class ExternalAgent:
     def __init__(self, repo: Path, tag: str, spec: str, timeout: float):
         self.repo, self.tag, self.timeout = repo, tag, timeout
@@ -76,9 +84,12 @@ class ExternalAgent:
         try:
             out, _ = proc.communicate(None if uses_placeholder else prompt, timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             out, _ = proc.communicate()
             out = (out or "") + f"\n[agent timed out after {self.timeout:.0f} s]"
+        except BaseException:  # Ctrl-C, or the harness stopping: the agent and its children stop with it
+            _kill_group(proc)
+            raise
         notes = []
         changed = git.changed_files(self.repo)
         others = [p for p in changed if p != "train.py"]

@@ -16,11 +16,12 @@ from pathlib import Path
 
 
 def _status(repo: Path) -> str:
-    from autoresearch import git, ledger, run
+    """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
+    from autoresearch import git, ledger, lock, run
 
     config = run.load_tag(repo)
-    run.recover(repo)
-    rows = ledger.read(repo / "results.tsv", config["tag"])
+    damaged = []
+    rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
     best = ledger.best(rows, config["fingerprint"], config["budget_s"])
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s | fingerprint {config['fingerprint'][:12]}",
@@ -28,6 +29,14 @@ def _status(repo: Path) -> str:
              "experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}")
+    pending = run.read_pending(repo)
+    if pending is not None:
+        if lock.is_held(run.state_dir(repo)):
+            lines.append(f"in flight: {pending['description']} (run {pending['run_id']}, started {pending['started']})")
+        else:
+            lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
+                         "next `autoresearch run` or `loop` records it and puts the branch back")
+    lines += [f"warning: {problem}" for problem in damaged]
     return "\n".join(lines)
 
 
@@ -65,7 +74,7 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from autoresearch import agents, ledger, run
+    from autoresearch import agents, git, ledger, lock, run
     import prepare
     try:
         if args.command == "report":
@@ -73,28 +82,37 @@ def main(argv=None) -> int:
             print(report.main(args))
             return 0
         repo = run.repo_root()
-        if args.command == "setup":
-            config = run.setup(repo, args.tag)
-            print(f"on branch {config['branch']}; results go to {repo / 'results.tsv'}")
-            print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s")
-            print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
-        elif args.command == "run":
-            outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout,
-                                         sandbox_mode=args.sandbox)
-            print(run.summary(outcome))
-            return {"crash": 1, "refused": 2}.get(outcome.row.status, 0)
+        if args.command in ("setup", "run", "loop"):
+            with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
+                return _change_state(repo, args)
         elif args.command == "status":
             print(_status(repo))
-        elif args.command == "loop":
-            from autoresearch import loop
-            return loop.main(repo, args)
-    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError) as e:
+    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
+            lock.LockHeld) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     return 0
+
+
+def _change_state(repo: Path, args) -> int:
+    """setup, run and loop: called with the repository's lock held."""
+    from autoresearch import run
+    if args.command == "setup":
+        config = run.setup(repo, args.tag)
+        print(f"on branch {config['branch']}; results go to {repo / 'results.tsv'}")
+        print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s")
+        print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
+        return 0
+    if args.command == "run":
+        outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout,
+                                     sandbox_mode=args.sandbox)
+        print(run.summary(outcome))
+        return {"crash": 1, "refused": 2}.get(outcome.row.status, 0)
+    from autoresearch import loop
+    return loop.main(repo, args)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ CLIMBMIX_TEST_SHARD = 6541      # the one before it: the held-out test split, re
 CLIMBMIX_TOKENIZER_CHARS = 2_000_000_000
 DOWNLOAD_ATTEMPTS = 5
 DOWNLOAD_BACKOFF = 1.0          # seconds, doubled after every failed attempt
+STAGING = ".staging"            # in the cache: where a prepare builds everything before swapping it in
 
 
 # ---------------------------------------------------------------------------
@@ -89,10 +90,14 @@ _END_RE = re.compile(r"^\s*(\*\*\*\s*END OF (THE|THIS) PROJECT GUTENBERG|End of 
 
 
 def decode_text(raw: bytes) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")  # two of the Gutenberg books are Latin-1
+    """UTF-16 and UTF-8 by their byte-order marks, else UTF-8, else Latin-1 (two of the Gutenberg books)."""
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        text = raw.decode("utf-16")
+    else:
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            text = raw.decode("latin-1")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -225,19 +230,35 @@ def prepare_local(data_dir: Path, path: Path, log=print) -> dict:
         if suffix == ".txt":
             docs += documents(decode_text(f.read_bytes()))
         elif suffix == ".jsonl":
-            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            for n, raw in enumerate(f.read_bytes().splitlines(), 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise PrepareError(f"{f}:{n}: not UTF-8 ({e.reason} at byte {e.start}); JSON Lines files must "
+                                       "be UTF-8: convert it (e.g. `iconv -f latin1 -t utf-8`).") from None
                 if not line.strip():
                     continue
                 try:
                     text = json.loads(line)["text"]
                 except (json.JSONDecodeError, KeyError, TypeError):
                     raise PrepareError(f"{f}:{n}: each .jsonl line must be an object with a \"text\" field.") from None
-                docs.append(str(text))
+                if not isinstance(text, str):
+                    raise PrepareError(f"{f}:{n}: \"text\" is {json.dumps(text)[:40]}, not a string; give every line "
+                                       "its text as a string, or remove the line.")
+                docs.append(text)
         else:
-            table = pq.read_table(f)
+            try:
+                table = pq.read_table(f)
+            except Exception as e:
+                raise PrepareError(f"{f} is not a readable parquet file ({e}).") from None
             if "text" not in table.column_names:
                 raise PrepareError(f"{f} has no `text` column (columns: {table.column_names}).")
-            docs += [t for t in table.column("text").to_pylist() if t]
+            column = table.column("text")
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                raise PrepareError(f"{f}: the `text` column holds {column.type}, not strings.")
+            if column.null_count:
+                raise PrepareError(f"{f}: {column.null_count} rows of the `text` column are null; remove them.")
+            docs += column.to_pylist()
     docs = [d for d in docs if d.strip()]
     if len(docs) < 3:
         raise PrepareError(f"{path} holds {len(docs)} document(s); at least three are needed (train, validation "
@@ -315,13 +336,14 @@ def download_shard(index: int, dest: Path, sha256: str | None = None) -> Path:
                        "or `--dataset local --path DIR`.")
 
 
-def prepare_climbmix(data_dir: Path, num_shards: int, workers: int, known: dict | None = None, log=print) -> dict:
-    """known: shard file name -> sha256 from an earlier manifest, to re-check shards kept on disk."""
+def prepare_climbmix(data_dir: Path, raw: Path, num_shards: int, workers: int, known: dict | None = None,
+                     log=print) -> dict:
+    """Download shards into raw (kept across prepares) and hard-link them into data_dir. known: shard file name
+    -> sha256 from an earlier manifest, to re-check shards kept on disk."""
     if num_shards < 1:
         raise PrepareError("--num-shards must be at least 1 (training shards).")
     from tqdm import tqdm
 
-    raw = data_dir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     indices = list(range(min(num_shards, CLIMBMIX_TEST_SHARD))) + [CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -361,16 +383,21 @@ def tokenizer_json(tokenizer: Tokenizer) -> str:
                        "tokens": ranks}, indent=0)
 
 
-def tokenize_shard(tokenizer: Tokenizer, parquet: Path, out_prefix: Path) -> None:
-    """Tokenize every document with BOS prepended into <prefix>.tokens.npy and <prefix>.offsets.npy."""
+def tokenize_shard(tokenizer: Tokenizer, parquet: Path, out_prefix: Path, max_seq_len: int) -> None:
+    """Tokenize every document into <prefix>.tokens.npy and <prefix>.offsets.npy, each piece starting with BOS.
+    A document longer than a row (max_seq_len + 1 tokens) is split into pieces that fit, so the packer never
+    crops one and throws the rest away."""
     texts = read_texts(parquet)
     dtype = np.uint16 if tokenizer.get_vocab_size() <= 65536 else np.uint32
+    bos = tokenizer.get_bos_token_id()
     chunks, offsets, total = [], [0], 0
     for i in range(0, len(texts), 4096):
-        for ids in tokenizer.encode(texts[i:i + 4096], prepend_bos=True):
-            chunks.append(np.asarray(ids, dtype=dtype))
-            total += len(ids)
-            offsets.append(total)
+        for ids in tokenizer.encode(texts[i:i + 4096]):
+            for start in range(0, max(len(ids), 1), max_seq_len):
+                piece = [bos] + ids[start:start + max_seq_len]
+                chunks.append(np.asarray(piece, dtype=dtype))
+                total += len(piece)
+                offsets.append(total)
     tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
     write_npy(out_prefix.with_name(out_prefix.name + ".offsets.npy"), np.asarray(offsets, dtype=np.int64))
     write_npy(out_prefix.with_name(out_prefix.name + ".tokens.npy"), tokens)
@@ -384,8 +411,6 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
             num_shards: int = 10, download_workers: int = 8, vocab_size: int | None = None,
             max_seq_len: int | None = None, eval_tokens: int | None = None, force: bool = False,
             log=print) -> dict:
-    from tqdm import tqdm
-
     profile = profile or default_profile()
     if profile not in PROFILES:
         raise PrepareError(f"Unknown profile {profile!r}; choose one of {sorted(PROFILES)}.")
@@ -393,7 +418,7 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
     if dataset:
         settings["dataset"] = dataset
     for key, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len), ("eval_tokens", eval_tokens)):
-        if value:
+        if value is not None:
             settings[key] = value
     dataset = settings["dataset"]
     if dataset == "local" and not path:
@@ -441,19 +466,48 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
                 known[f"shard_{CLIMBMIX_VAL_SHARD:05d}.parquet"] = info["sha256"]
             elif rel.endswith("/test.parquet"):
                 known[f"shard_{CLIMBMIX_TEST_SHARD:05d}.parquet"] = info["sha256"]
-    # Remove the manifest first: from here until the new one is written, nothing counts as prepared.
-    (root / MANIFEST_NAME).unlink(missing_ok=True)
-    data_dir = root / "data" / dataset
-    for stale in list(data_dir.glob("*.npy")) + list(data_dir.glob("*.parquet")) + list(data_dir.glob("*.tmp")):
-        stale.unlink()
-    (root / "tokenizer.json").unlink(missing_ok=True)
-    data_dir.mkdir(parents=True, exist_ok=True)
-
+    # Everything is built in a staging directory and swapped in at the end: a prepare that fails or is
+    # interrupted leaves the data that was there before untouched and usable.
+    staging = root / STAGING
+    shutil.rmtree(staging, ignore_errors=True)
     t0 = time.time()
+    try:
+        manifest = _build(staging, settings, wanted, path, num_shards, download_workers, known, root, log)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    # The swap: without a manifest nothing counts as prepared, so a kill in these few renames only means
+    # "prepare again", never a mix of old and new files.
+    (root / MANIFEST_NAME).unlink(missing_ok=True)
+    target = root / manifest["data_dir"]
+    old = root / (STAGING + "-old")
+    shutil.rmtree(old, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(staging / manifest["data_dir"], target)
+    os.replace(staging / "tokenizer.json", root / "tokenizer.json")
+    os.replace(staging / MANIFEST_NAME, root / MANIFEST_NAME)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    log(f"prepared {manifest['train_tokens']:,} training and {manifest['val_tokens']:,} validation tokens in "
+        f"{time.time() - t0:.1f}s; data in {root}")
+    return manifest
+
+
+def _build(staging: Path, settings: dict, wanted: dict, path, num_shards: int, download_workers: int,
+           known: dict, root: Path, log) -> dict:
+    """Source -> shards -> tokenizer -> token files -> manifest, all inside staging."""
+    from tqdm import tqdm
+
+    dataset = settings["dataset"]
+    data_dir = staging / "data" / dataset
+    data_dir.mkdir(parents=True)
     if dataset == "gutenberg":
         source = prepare_gutenberg(data_dir, root / "downloads", log)
     elif dataset == "climbmix":
-        source = prepare_climbmix(data_dir, num_shards, download_workers, known, log)
+        source = prepare_climbmix(data_dir, root / "downloads" / "climbmix", num_shards, download_workers, known, log)
     else:
         source = prepare_local(data_dir, Path(path), log)
 
@@ -470,38 +524,36 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
                     return
 
     tokenizer = train_tokenizer(tokenizer_texts(), settings["vocab_size"])
-    atomic_write_bytes(root / "tokenizer.json", tokenizer_json(tokenizer).encode())
+    atomic_write_bytes(staging / "tokenizer.json", tokenizer_json(tokenizer).encode())
 
     for f in tqdm(train_files + [data_dir / "val.parquet", data_dir / "test.parquet"], desc="tokenizing",
                   unit="shard"):
-        tokenize_shard(tokenizer, f, f.with_suffix(""))
+        tokenize_shard(tokenizer, f, f.with_suffix(""), settings["max_seq_len"])
 
     held_out = {}
     for split in ("val", "test"):
         held_out[split] = int(np.load(data_dir / f"{split}.tokens.npy", mmap_mode="r").shape[0])
         if held_out[split] < settings["eval_tokens"] * 1.1:
             raise PrepareError(f"The {split} split has {held_out[split]} tokens, too few for eval_tokens="
-                               f"{settings['eval_tokens']}; add data or pass a smaller --eval-tokens.")
-    val_tokens = held_out["val"]
+                               f"{settings['eval_tokens']}; add data or pass a smaller --eval-tokens. The data "
+                               "prepared before is unchanged.")
 
     files = {}
     for f in sorted(data_dir.iterdir()):
         if f.is_file() and not f.name.endswith(".tmp"):
-            files[str(f.relative_to(root))] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-    files["tokenizer.json"] = {"sha256": sha256_file(root / "tokenizer.json"),
-                               "bytes": (root / "tokenizer.json").stat().st_size}
-    manifest = {"version": MANIFEST_VERSION, **wanted, "source": source, "data_dir": str(data_dir.relative_to(root)),
+            files[str(f.relative_to(staging))] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+    files["tokenizer.json"] = {"sha256": sha256_file(staging / "tokenizer.json"),
+                               "bytes": (staging / "tokenizer.json").stat().st_size}
+    manifest = {"version": MANIFEST_VERSION, **wanted, "source": source,
+                "data_dir": str(data_dir.relative_to(staging)),
                 "train_tokens": int(sum(np.load(f.with_suffix(".tokens.npy"), mmap_mode="r").shape[0]
                                         for f in (p.with_suffix("") for p in train_files))),
-                "val_tokens": val_tokens, "test_tokens": held_out["test"], "files": files,
+                "val_tokens": held_out["val"], "test_tokens": held_out["test"], "files": files,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    atomic_write_bytes(root / MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
+    atomic_write_bytes(staging / MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
     for split in ("val", "test"):
-        evaluation_rows(split, root)  # the rows every model is scored on can be built: checked now, not at eval
-    log(f"prepared {manifest['train_tokens']:,} training and {val_tokens:,} validation tokens in "
-        f"{time.time() - t0:.1f}s; data in {root}")
+        evaluation_rows(split, staging)  # the rows every model is scored on can be built: checked now, not at eval
     return manifest
-
 
 
 def main(argv=None) -> int:

@@ -58,8 +58,11 @@ def commit_file(repo: Path, path: str, message: str) -> str:
     return head(repo)
 
 
-def reset_hard(repo: Path, commit: str) -> None:
-    git(repo, "reset", "--hard", "-q", commit)
+def reset_to(repo: Path, commit: str, path: str) -> None:
+    """Move the branch to commit and put `path` back as it is there; nothing else in the work tree is touched
+    (the harness's commits change `path` alone, so the index then matches commit)."""
+    git(repo, "reset", "--soft", "-q", commit)
+    git(repo, "checkout", commit, "--", path)
 
 
 def restore(repo: Path, paths: list[str]) -> None:

@@ -52,7 +52,9 @@ class Row:
     def from_line(cls, line: str) -> "Row":
         parts = line.rstrip("\n").split("\t")
         if len(parts) != len(COLUMNS):
-            raise ValueError(f"expected {len(COLUMNS)} columns, got {len(parts)}")
+            raise ValueError(f"{len(parts)} columns, not {len(COLUMNS)}")
+        if parts[3] not in STATUSES:
+            raise ValueError(f"status {parts[3]!r} is not one of {', '.join(STATUSES)}")
         kw = dict(zip(COLUMNS, parts))
         types = {f.name: f.type for f in fields(cls)}
         for k, t in types.items():
@@ -116,18 +118,26 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def read(path: Path, tag: str | None = None) -> list[Row]:
-    """All well-formed rows (of one tag, if given). Malformed lines are skipped, never rewritten."""
+def read(path: Path, tag: str | None = None, damaged: list | None = None) -> list[Row]:
+    """All well-formed rows (of one tag, if given); the file is never rewritten. A torn line (fewer columns:
+    a write cut short) is skipped and reported in `damaged`. A line with every column but a value that does
+    not parse is an error naming its line, unless `damaged` is given (read-only callers such as status):
+    skipping it silently could skip a kept result."""
     check_header(path)
     rows = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         f.readline()
-        for line in f:
-            if not line.endswith("\n"):
-                continue  # torn final line
+        for n, line in enumerate(f, 2):
             try:
                 row = Row.from_line(line)
-            except (ValueError, TypeError):
+            except (ValueError, TypeError) as e:
+                problem = f"{path.name} line {n} is damaged ({e}): {line.strip()[:80]!r}"
+                torn = len(line.rstrip("\n").split("\t")) != len(COLUMNS)
+                if damaged is None and not torn:
+                    raise LedgerError(problem + ". Fix that line by hand (or delete it) and run again; nothing "
+                                      "else in the file is changed.") from None
+                if damaged is not None:
+                    damaged.append(problem + (" (skipped: a torn write)" if torn else " (skipped)"))
                 continue
             if tag is None or row.tag == tag:
                 rows.append(row)

@@ -71,6 +71,9 @@ def line(n: int, outcome: run.Outcome) -> str:
     return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {best_text}  {r.wall_s:4.0f}s  {r.description}"
 
 
+BASELINE_TRIES = 3
+
+
 def main(repo: Path, args, log=print) -> int:
     ensure_data(log)
     if args.agent != "builtin":
@@ -88,8 +91,13 @@ def main(repo: Path, args, log=print) -> int:
         "after recording the experiment in flight")
     while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
         rows = ledger.read(repo / "results.tsv", config["tag"])
-        if not any(r.status in ("keep", "discard", "crash") for r in rows):
-            description = "baseline"
+        if not any(r.status == "keep" for r in rows):  # no baseline yet, or it crashed: run it (again)
+            tries = sum(r.description.startswith("baseline") and r.status == "crash" for r in rows)
+            if tries >= BASELINE_TRIES:
+                log(f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): "
+                    "fix train.py on the branch's base commit, or the machine, then run the loop again")
+                return 1
+            description = "baseline" if not tries else f"baseline (try {tries + 1})"
         else:
             try:
                 description = agent.propose({})

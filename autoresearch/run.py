@@ -18,13 +18,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import evaluate, git, guard, ledger, sandbox
+from autoresearch import evaluate, git, guard, ledger, lock, sandbox
 
 STATE_DIR = ".autoresearch"
 BRANCH_PREFIX = "autoresearch/"
@@ -34,6 +35,7 @@ TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compila
 # default model needs ~5 s on 2 CPU cores (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
 OUTSIDE_ALLOWANCE = {"cpu": 30.0, "gpu": 60.0}
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
+LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
 
 class HarnessError(RuntimeError):
@@ -131,7 +133,16 @@ def load_tag(repo: Path) -> dict:
         raise HarnessError(f"No record of tag {tag!r} in {path}. Run `autoresearch setup --tag NEWTAG` "
                            "from the commit you want as baseline.")
     ledger.check_header(repo / "results.tsv")
-    return json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+        missing = [k for k in ("tag", "branch", "fingerprint", "budget_s", "base_commit", "prepare_sha256")
+                   if k not in config]
+    except (OSError, ValueError, TypeError) as e:
+        config, missing = None, [f"readable JSON ({e})"]
+    if missing:
+        raise HarnessError(f"{path} is damaged (no {', '.join(missing)}). Restore it from a backup, or start a new "
+                           "tag with `autoresearch setup --tag NEWTAG` (results.tsv keeps every row).")
+    return config
 
 
 def last_kept_commit(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
@@ -153,49 +164,55 @@ def _row(config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0
 # --- recovery -----------------------------------------------------------------------------
 
 
-def _kill_group(pgid: int, grace: float = 5.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left (grandchildren that ignore SIGTERM too)."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.time() + grace
-    while time.time() < deadline:
+def _kill_training(pending: dict) -> None:
+    """Kill the training recorded in pending: its process group and every process of its tree that was seen,
+    each only if it is still the process that was recorded (pid and start time)."""
+    processes = pending.get("processes") or []
+    leader = lock.same_process(processes[0]) if processes else None
+    if leader is not None:
         try:
-            os.killpg(pgid, 0)
+            os.killpg(leader.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.05)
+            pass
+    lock.kill_all(processes)
+
+
+def read_pending(repo: Path) -> dict | None:
+    path = state_dir(repo) / "pending.json"
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"{path} is unreadable ({e}). It records the experiment that was in flight; look at "
+                           "it, then delete it to go on.") from None
 
 
 def recover(repo: Path, log=print, reason: str = "harness died mid-run") -> ledger.Row | None:
     """Finish an experiment whose harness died: kill its training, record it as a crash unless its row was
-    recorded, and put the branch back on the last kept commit. Returns the row it recorded, if any."""
-    pending_path = state_dir(repo) / "pending.json"
-    if not pending_path.exists():
+    recorded, and put the branch back on the last kept commit. Only a holder of the repository's lock may
+    call this (run and loop do): then the harness that wrote pending.json is certainly dead."""
+    pending = read_pending(repo)
+    if pending is None:
         return None
-    pending = json.loads(pending_path.read_text())
-    if pending.get("pgid"):
-        _kill_group(pending["pgid"])
+    _kill_training(pending)
     config = json.loads((state_dir(repo) / "tags" / f"{pending['tag']}.json").read_text())
     rows = ledger.read(repo / "results.tsv", config["tag"])
     row = None
     if not any(r.run_id == pending["run_id"] for r in rows):
-        row = _row(config, pending["commit"], f"{pending['description']} [interrupted: {reason}]",
-                   pending["run_id"], "crash", seed=pending.get("seed", 0))
+        row = _row(config, pending.get("commit") or pending["parent"],
+                   f"{pending['description']} [interrupted: {reason}]", pending["run_id"], "crash",
+                   seed=pending.get("seed", 0), protection=pending.get("protection", "none"))
         ledger.append(repo / "results.tsv", row)
         rows.append(row)
         log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
     if git.branch(repo) == config["branch"]:
         target = last_kept_commit(repo, config, rows)
         if git.head(repo) != target:
-            git.reset_hard(repo, target)
-    pending_path.unlink()
+            git.reset_to(repo, target, EDITABLE)
+    (state_dir(repo) / "pending.json").unlink()
     return row
+
 
 # --- running one experiment -------------------------------------------------------------
 
@@ -225,10 +242,54 @@ class Training:
     wall: float
 
 
+class CappedLog:
+    """Writes a process's output to a file, keeping the first and the last LOG_KEEP bytes: a train.py that
+    prints gigabytes costs the disk at most 2 x LOG_KEEP, and the log still starts and ends as it should."""
+
+    def __init__(self, pipe, path: Path):
+        self.pipe, self.path, self.dropped = pipe, path, 0
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        head, tail, last_flush = 0, bytearray(), 0.0
+        with open(self.path, "wb") as f:
+            while True:
+                chunk = os.read(self.pipe.fileno(), 1 << 16)
+                eof = not chunk
+                if head < LOG_KEEP:  # the start of the log, written as it comes
+                    take = chunk[:LOG_KEEP - head]
+                    f.write(take)
+                    f.flush()
+                    head += len(take)
+                    chunk = chunk[len(take):]
+                if chunk:  # past it: a rolling window of the end, rewritten after the head twice a second
+                    tail += chunk
+                    if len(tail) > LOG_KEEP:
+                        self.dropped += len(tail) - LOG_KEEP
+                        del tail[:len(tail) - LOG_KEEP]
+                if head >= LOG_KEEP and (eof or time.time() - last_flush > 0.5):
+                    f.seek(head)
+                    if self.dropped:
+                        f.write(f"\n[... {self.dropped} bytes of output dropped here: the log keeps the first and "
+                                f"the last {LOG_KEEP} bytes ...]\n".encode())
+                    f.write(tail)
+                    f.truncate()
+                    f.flush()
+                    last_flush = time.time()
+                if eof:
+                    break
+
+    def close(self) -> None:
+        self.thread.join(timeout=30)
+        self.pipe.close()
+
+
 def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
           view: Path, wrap=None, on_progress=None) -> Training:
-    """Run train.py in its own process group (inside `wrap`, the sandbox, if given) with output to
-    run_dir/run.log, watching for its result.json."""
+    """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
+    run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
+    pending.json so that a later recovery can kill exactly those."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
     env.update(AUTORESEARCH_RUN_DIR=str(run_dir), AUTORESEARCH_SEED=str(seed), AUTORESEARCH_CACHE=str(view),
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
@@ -237,11 +298,12 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
     if wrap is not None:
         env["TMPDIR"] = "/tmp"
     argv = [sys.executable, EDITABLE]
-    log_path = run_dir / "run.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=repo, env=env, stdout=log_file,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    pending["pgid"] = proc.pid
+    lock.become_subreaper()  # orphans of the training become our children: still in the tree we kill
+    proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log = CappedLog(proc.stdout, run_dir / "run.log")
+    known = [lock.identity(proc.pid) or [proc.pid, 0.0]]
+    pending["processes"] = known
     _atomic_json(pending_path, pending)
     start = time.time()
     result_path = run_dir / prepare_contract().RESULT_FILE
@@ -255,16 +317,30 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
             if now - start > timeout:
                 timed_out = True
                 break
+            tree = [i for i in lock.descendants() if i not in known]
+            if tree:
+                known += tree
+                _atomic_json(pending_path, pending)
             if on_progress:
-                on_progress(_progress_seconds(log_path))
+                on_progress(_progress_seconds(run_dir / "run.log"))
             time.sleep(0.2)
     finally:
-        _kill_group(proc.pid, grace=0 if proc.poll() is not None else 5.0)  # leftovers and grandchildren too
+        _kill_training(pending)  # leftovers, grandchildren and setsid escapees too
+        known += [i for i in lock.descendants() if i not in known]
+        lock.kill_all(known)
         proc.wait()
+        log.close()
     wall = time.time() - start
     if result_after is None and result_path.exists():
         result_after = wall
     return Training(None if timed_out else proc.returncode, timed_out, result_after, wall)
+
+
+def fault_point(name: str) -> None:
+    """For the fault-injection tests and benchmark (benchmarks/faults.py): AUTORESEARCH_KILL_AT=name makes the
+    harness SIGKILL itself here, at a moment a test could not otherwise hit reliably."""
+    if os.environ.get("AUTORESEARCH_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def prepare_contract():
@@ -323,7 +399,6 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     rows = ledger.read(results, config["tag"])
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     run_dir = state_dir(repo) / "runs" / run_id
-    run_dir.mkdir(parents=True)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     best_before = best_row.val_bpb if best_row else None
 
@@ -353,10 +428,17 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     manifest = contract.require_manifest()
     allowance = outside_allowance(manifest["profile"])
 
-    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
+    # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
     pending_path = state_dir(repo) / "pending.json"
-    pending = {"run_id": run_id, "tag": config["tag"], "commit": commit, "description": description,
-               "seed": seed, "started": _now(), "pgid": None}
+    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": git.head(repo),
+               "description": description, "seed": seed, "started": _now(), "protection": protection,
+               "processes": []}
+    _atomic_json(pending_path, pending)
+    fault_point("pending-written")
+    run_dir.mkdir(parents=True)
+    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
+    fault_point("committed")
+    pending["commit"] = commit
     _atomic_json(pending_path, pending)
 
     view = sandbox.make_view(run_dir, cache, manifest)
@@ -404,6 +486,7 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {config['budget_s']}"
                        f" s budget plus the {allowance:.0f} s allowance for startup and export")
     if refusal is None and crash is None:
+        fault_point("evaluating")
         evaluation = evaluate.run_evaluation(
             fixed_source, run_dir, result["dtype"], result["device"], result["check_bpb"],
             best_before if best_before is not None else float("inf"), cache, timeout=EVAL_TIMEOUT)
@@ -429,11 +512,14 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
                           memory_gb=result["memory_gb"], steps=result["num_steps"], wall=training.wall)
         with open(log_path, "a") as f:  # the public protocol's last line, now the harness's number
             f.write(contract.final_line(val_bpb, result["memory_gb"], result["num_steps"]) + "\n")
+    fault_point("recording")
     ledger.append(results, outcome_row)
-    shutil.copyfile(log_path, repo / "run.log.tmp")
-    os.replace(repo / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
+    fault_point("recorded")
+    shutil.copyfile(log_path, state_dir(repo) / "run.log.tmp")  # same filesystem, outside the work tree
+    os.replace(state_dir(repo) / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
     if outcome_row.status != "keep":
-        git.reset_hard(repo, last_kept_commit(repo, config, rows))
+        git.reset_to(repo, last_kept_commit(repo, config, rows), EDITABLE)
+        fault_point("reset")
         for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):  # only kept models are worth their disk
             (run_dir / name).unlink(missing_ok=True)
     pending_path.unlink()

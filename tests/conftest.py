@@ -38,11 +38,18 @@ def prepare_small(cache: Path, corpus_dir: Path, **overrides) -> dict:
         import json
         for doc in make_corpus():
             f.write(json.dumps({"text": doc}) + "\n")
-    os.environ["AUTORESEARCH_CACHE"] = str(cache)
     settings = dict(profile="cpu", dataset="local", path=str(corpus_dir), vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     settings.update(overrides)
-    return data.prepare(**settings)
+    old = os.environ.get("AUTORESEARCH_CACHE")
+    os.environ["AUTORESEARCH_CACHE"] = str(cache)
+    try:
+        return data.prepare(**settings)
+    finally:  # never leak the variable into the tests that follow
+        if old is None:
+            os.environ.pop("AUTORESEARCH_CACHE", None)
+        else:
+            os.environ["AUTORESEARCH_CACHE"] = old
 
 
 @pytest.fixture(scope="session")
@@ -50,12 +57,7 @@ def small_cache(tmp_path_factory):
     """A prepared cache directory (local dataset, vocab 300, sequence 32, 512 evaluation tokens), shared
     read-only by tests."""
     root = tmp_path_factory.mktemp("cache")
-    old = os.environ.get("AUTORESEARCH_CACHE")
     prepare_small(root, tmp_path_factory.mktemp("corpus"))
-    if old is None:
-        os.environ.pop("AUTORESEARCH_CACHE", None)
-    else:
-        os.environ["AUTORESEARCH_CACHE"] = old
     return root
 
 

@@ -149,33 +149,58 @@ def test_clear_errors_never_tracebacks(repo, env, tmp_path):
         assert "Traceback" not in out.stderr
 
 
-def test_sigkill_of_the_harness_mid_run_is_recovered(repo, env):
-    slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
-    assert cli(repo, "setup", "--tag", "kill", env=slow).returncode == 0
-    edit_train(repo, r"^DEPTH = .*$", "DEPTH = 3")
-    harness = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "run", "-m", "will be killed"],
-                               cwd=repo, env=slow, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    log = None
+def _wait_for_training(repo, timeout=120):
+    deadline = time.time() + timeout
     while time.time() < deadline:
         logs = list((repo / ".autoresearch" / "runs").glob("*/run.log"))
         if logs and "step=" in logs[0].read_text():
-            log = logs[0]
-            break
+            return logs[0]
         time.sleep(0.2)
-    assert log is not None, "training never started"
+    raise AssertionError("training never started")
+
+
+def test_sigkill_of_the_harness_mid_run_is_recovered_by_the_next_command_not_by_status(repo, env):
+    slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
+    assert cli(repo, "setup", "--tag", "kill", env=slow).returncode == 0
+    edit_train(repo, r"^DEPTH = .*$", "DEPTH = 3")
+    harness = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "run", "-m", "will be killed",
+                                "--sandbox", "off"], cwd=repo, env=slow, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    _wait_for_training(repo)
     pending = json.loads((repo / ".autoresearch" / "pending.json").read_text())
     harness.send_signal(signal.SIGKILL)
     harness.wait()
-    assert _alive(pending["pgid"])  # the orphaned training is still running...
+    # status is read-only: it reports the interruption and changes nothing
     out = cli(repo, "status", env=slow)
     assert out.returncode == 0, out.stderr
-    assert not _alive(pending["pgid"])  # ...until recovery kills it
+    assert "interrupted: will be killed" in out.stdout and rows(repo) == []
+    assert (repo / ".autoresearch" / "pending.json").exists()
+    # the next command that changes state recovers: kills what is left of the training, records it once
+    out = cli(repo, "loop", "--max-experiments", "0", env=slow)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert all(not _alive(pid) for pid, _ in pending["processes"])
     [row] = rows(repo)
     assert row.status == "crash" and "interrupted" in row.description
     assert head(repo) == sh(repo, "git", "rev-parse", "main")  # back on the base commit: nothing was kept
+    assert (repo / "train.py").read_text() == sh(repo, "git", "show", "main:train.py") + "\n"
     assert not (repo / ".autoresearch" / "pending.json").exists()
     assert cli(repo, "status", env=slow).stdout.count("interrupted") == 1  # recorded once
+
+
+def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refused(repo, env):
+    slow = dict(env, AUTORESEARCH_TIME_BUDGET="8")
+    loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "busy", "--max-experiments",
+                             "1"], cwd=repo, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for_training(repo)
+    for _ in range(3):
+        out = cli(repo, "status", env=slow)
+        assert out.returncode == 0 and "in flight: baseline" in out.stdout, out.stdout + out.stderr
+    second = cli(repo, "run", "-m", "meanwhile", env=slow)
+    assert second.returncode == 2 and "`autoresearch loop` (pid " in second.stderr and "is running" in second.stderr
+    out, _ = loop.communicate(timeout=300)
+    assert loop.returncode == 0, out
+    [row] = rows(repo)  # the run in flight finished and was recorded once; the refused run wrote nothing
+    assert row.status == "keep" and row.description == "baseline"
 
 
 def test_recovery_after_the_row_was_written(repo, env):
@@ -189,7 +214,7 @@ def test_recovery_after_the_row_was_written(repo, env):
     row = run._row(config, commit, "change", "r1", "discard", 3.0, 0.1, 5, 10.0, 42)
     ledger.append(repo / "results.tsv", row)
     (repo / ".autoresearch" / "pending.json").write_text(json.dumps(
-        {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "pgid": None}))
+        {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "processes": []}))
     assert run.recover(repo, log=lambda *a: None) is None
     assert [r.run_id for r in rows(repo)] == ["r1"]
     assert head(repo) == config["base_commit"]

@@ -163,4 +163,5 @@ def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     pending = repo / ".autoresearch" / "pending.json"
     assert not pending.exists()
     out = cli(repo, "loop", "--max-experiments", "0", env=slow)  # a restart continues the same tag quietly
-    assert out.returncode == 0 and "continuing" not in out.stderr and len(rows(repo)) == 1
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "loop on autoresearch/cc" in out.stdout and "new tag" not in out.stdout and len(rows(repo)) == 1

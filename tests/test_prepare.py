@@ -118,8 +118,8 @@ def test_packing_is_deterministic_and_infinite(use_cache):
     a, b, c = take(0, 5), take(0, 5), take(1, 5)
     assert all(torch.equal(p[0], q[0]) for p, q in zip(a, b))
     assert not all(torch.equal(p[0], q[0]) for p, q in zip(a, c))
-    # The corpus holds ~20k training tokens: 100 batches of 512 run over several epochs without stopping.
-    epochs = [e for _, _, e in take(0, 100)]
+    # The corpus holds ~67k training tokens: 300 batches of 512 run over several epochs without stopping.
+    epochs = [e for _, _, e in take(0, 300)]
     assert epochs[0] == 1 and epochs[-1] >= 2 and epochs == sorted(epochs)
 
 
@@ -196,21 +196,24 @@ def test_fingerprint_changes_with_the_fixed_half(small_cache, tmp_path, monkeypa
     assert prepare.fingerprint(prepare_path=copy / "manifest.json") != before  # another prepare.py
 
 
-def test_prepare_is_idempotent_and_interruption_leaves_nothing_usable(tmp_path, monkeypatch):
+def test_prepare_is_idempotent_and_a_failed_prepare_keeps_the_data_before(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     first = prepare_small(cache, tmp_path / "corpus")
     manifest_path = cache / "manifest.json"
     stamp = manifest_path.stat().st_mtime_ns
     again = prepare_small(cache, tmp_path / "corpus")
     assert again == first and manifest_path.stat().st_mtime_ns == stamp
-    # A prepare that fails half-way (here: the source has too little text) leaves no manifest behind.
+    # A prepare that fails half-way (here: too few validation tokens for a bigger --eval-tokens) or at its
+    # inputs (too little text) keeps the data that was there, byte for byte.
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
+    before = prepare.fingerprint()
+    with pytest.raises(prepare.PrepareError, match="too few for eval_tokens=100000.*unchanged"):
+        prepare_small(cache, tmp_path / "corpus", eval_tokens=100000)
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "a.txt").write_text("one short line")
     with pytest.raises(prepare.PrepareError, match="at least three"):
         prepare_small(cache, tmp_path / "corpus", path=str(tmp_path / "tiny"), vocab_size=301)
-    assert not manifest_path.exists()
-    with pytest.raises(prepare.PrepareError, match="python prepare.py"):
-        prepare.require_manifest()
+    assert prepare.fingerprint() == before and not (cache / data.STAGING).exists()
 
 
 def test_missing_npm_names_the_alternatives(tmp_path, monkeypatch):
@@ -313,7 +316,7 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     manifest = data.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=2,
                                vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
     assert sorted(server.requests) == [0, 0, 1, 1, data.CLIMBMIX_TEST_SHARD, data.CLIMBMIX_VAL_SHARD]
-    raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
+    raw = tmp_path / "cache" / "downloads" / "climbmix"
     assert sorted(p.name for p in raw.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06541.parquet",
                                                      "shard_06542.parquet"]
     assert pq.read_table(raw / "shard_00001.parquet").num_rows == 250
@@ -338,7 +341,7 @@ def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_e
     with pytest.raises(prepare.PrepareError, match=r"shard_00001.parquet after 3 attempts .*does not match"):
         data.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=1,
                         vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
-    raw = tmp_path / "cache" / "data" / "climbmix" / "raw"
+    raw = tmp_path / "cache" / "downloads" / "climbmix"
     assert not (raw / "shard_00001.parquet").exists()
     assert not list(raw.glob("*.tmp"))
     assert not (tmp_path / "cache" / "manifest.json").exists()

@@ -1,0 +1,255 @@
+"""Every bad input in docs/bad-inputs.md: a clear error that names the fix, or correct behaviour; never a
+traceback, never a silent wrong result. (Budgets, damaged manifests and the lock are tested in test_harness.)"""
+
+import json
+import math
+import re
+import shutil
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import prepare
+from autoresearch import data, ledger, run, sandbox
+from conftest import cli, make_corpus
+from test_harness import rows
+
+# --- budgets and manifests ------------------------------------------------------------------------
+
+
+def test_a_budget_with_many_digits_is_stored_and_compared_exactly(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", "299.99999")
+    assert prepare.time_budget() == 299.99999
+    row = ledger.Row("abc1234", 1.5, 0.1, "keep", "d", "t", "r", "now", 299.99999, 1, 1.0, "f", 42, "none")
+    assert ledger.Row.from_line(row.to_line()).budget_s == 299.99999
+    assert ledger.format_budget(300) == "300" and ledger.format_budget(299.99999) == "299.99999"
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"version": 2, "profile": "cpu"', "damaged (no valid JSON)"),
+    ('{"version": 2, "profile": "cpu"}', "damaged (no dataset, vocab_size"),
+    (json.dumps({k: 1 for k in prepare.MANIFEST_KEYS}), "another version of prepare.py"),
+])
+def test_a_damaged_or_outdated_manifest_names_the_repair(tmp_path, monkeypatch, content, message):
+    (tmp_path / "manifest.json").write_text(content)
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path))
+    with pytest.raises(prepare.PrepareError, match=re.escape(message)) as err:
+        prepare.require_manifest()
+    assert "python prepare.py --force" in str(err.value)
+    import prepare as fresh  # importing stays harmless: the constants are read lazily
+    with pytest.raises(prepare.PrepareError):
+        fresh.MAX_SEQ_LEN
+
+# --- prepare's options: checked before anything on disk changes ------------------------------------------
+
+
+@pytest.fixture
+def prepared_copy(small_cache, tmp_path, monkeypatch):
+    copy = tmp_path / "cache"
+    shutil.copytree(small_cache, copy)
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(copy))
+    return copy
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(vocab_size=100), "--vocab-size 100 is too small"),
+    (dict(max_seq_len=1), "--max-seq-len must be at least 2"),
+    (dict(eval_tokens=0), "--eval-tokens at least one sequence"),
+    (dict(path="/no/such/dir"), "does not exist"),
+    (dict(dataset="climbmix", num_shards=0), "--num-shards must be at least 1"),
+])
+def test_bad_prepare_options_keep_the_data(prepared_copy, tmp_path, options, message):
+    before = prepare.fingerprint()
+    settings = dict(profile="cpu", dataset="local", path=str(tmp_path), vocab_size=300, max_seq_len=32,
+                    eval_tokens=512, force=True, log=lambda *a: None)
+    settings.update(options)
+    with pytest.raises(prepare.PrepareError, match=message):
+        data.prepare(**settings)
+    assert prepare.fingerprint() == before
+
+# --- local data -----------------------------------------------------------------------------------------
+
+
+def local(tmp_path, monkeypatch, **kw):
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
+    settings = dict(dataset="local", path=str(tmp_path / "in"), vocab_size=300, max_seq_len=32, eval_tokens=256,
+                    log=lambda *a: None)
+    settings.update(kw)
+    return data.prepare(**settings)
+
+
+def write_jsonl(tmp_path, lines: list[bytes]):
+    (tmp_path / "in").mkdir(exist_ok=True)
+    good = [json.dumps({"text": d}).encode() for d in make_corpus(300)]
+    (tmp_path / "in" / "docs.jsonl").write_bytes(b"\n".join(good[:5] + lines + good[5:]) + b"\n")
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"text": "caf\xe9"}', r"docs.jsonl:6: not UTF-8 .*iconv"),
+    (b'{"text": "unterminated', r"docs.jsonl:6: each .jsonl line must be an object"),
+    (b'{"body": "no text field"}', r"docs.jsonl:6: each .jsonl line must be an object with a \"text\" field"),
+    (b'{"text": null}', r"docs.jsonl:6: \"text\" is null, not a string"),
+    (b'{"text": 42}', r"docs.jsonl:6: \"text\" is 42, not a string"),
+])
+def test_bad_jsonl_lines_are_named_by_line(tmp_path, monkeypatch, line, message):
+    write_jsonl(tmp_path, [line])
+    with pytest.raises(prepare.PrepareError, match=message):
+        local(tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("table, message", [
+    (pa.table({"text": pa.array([1, 2, 3])}), "the `text` column holds int64, not strings"),
+    (pa.table({"body": pa.array(["a", "b", "c"])}), r"has no `text` column \(columns: \['body'\]\)"),
+    (pa.table({"text": pa.array(["a", None, "c"])}), "1 rows of the `text` column are null"),
+])
+def test_bad_parquet_columns_are_clear_errors(tmp_path, monkeypatch, table, message):
+    (tmp_path / "in").mkdir()
+    pq.write_table(table, tmp_path / "in" / "docs.parquet")
+    with pytest.raises(prepare.PrepareError, match=message):
+        local(tmp_path, monkeypatch)
+
+
+def test_not_parquet_at_all_is_a_clear_error(tmp_path, monkeypatch):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "docs.parquet").write_bytes(b"this is not parquet")
+    with pytest.raises(prepare.PrepareError, match="not a readable parquet file"):
+        local(tmp_path, monkeypatch)
+
+
+def test_utf16_and_bom_text_files_are_decoded_not_mangled(tmp_path):
+    text = "Grüße aus 東京.\n\n" * 3
+    assert data.decode_text(text.encode("utf-16")) == text
+    assert data.decode_text(text.encode("utf-8-sig")) == text
+    assert data.decode_text(text.encode("utf-8")) == text
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"notes.md": "not a supported file"}, r"No .txt, .jsonl or .parquet files"),
+    ({"a.txt": "one short line"}, "holds 1 document"),
+])
+def test_too_little_or_unsupported_local_input(tmp_path, monkeypatch, files, message):
+    (tmp_path / "in").mkdir()
+    for name, content in files.items():
+        (tmp_path / "in" / name).write_text(content)
+    with pytest.raises(prepare.PrepareError, match=message):
+        local(tmp_path, monkeypatch)
+
+
+def test_long_documents_are_split_not_cropped(tmp_path, monkeypatch):
+    """Documents far longer than a row: every token is kept (split into rows' worth), and the validation
+    rows can be built, so no run crashes at evaluation after its full budget."""
+    docs = [" ".join(make_corpus(60, seed=i)) for i in range(12)]  # 12 documents of ~3,000 tokens each
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "long.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    manifest = local(tmp_path, monkeypatch, eval_tokens=1024)
+    tok = prepare.Tokenizer.from_directory()
+    data_dir = tmp_path / "cache" / manifest["data_dir"]
+    tokens = np.load(data_dir / "val.tokens.npy")
+    offsets = np.load(data_dir / "val.offsets.npy")
+    assert np.diff(offsets).max() <= 33  # every piece fits a row: BOS + 32 tokens
+    val_docs = docs[-2:-1]  # split_holdout: 12 documents -> 10 train, 1 val, 1 test
+    assert int((tokens != tok.get_bos_token_id()).sum()) == sum(len(tok.encode(d)) for d in val_docs)
+    assert prepare.evaluation_rows("val").shape == (1024 // 32, 33)
+
+
+def test_a_validation_split_too_small_for_the_evaluation_is_found_by_prepare(tmp_path, monkeypatch):
+    write_jsonl(tmp_path, [])
+    with pytest.raises(prepare.PrepareError, match="too few for eval_tokens=99999.*smaller --eval-tokens"):
+        local(tmp_path, monkeypatch, eval_tokens=99999)
+
+# --- result.json ----------------------------------------------------------------------------------------
+
+GOOD_RESULT = {"memory_gb": 0.5, "num_steps": 3, "training_seconds": 2.0, "time_budget": 2, "check_bpb": 2.5,
+               "device": "cpu", "dtype": "float32"}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"num_steps": 3.0}, "num_steps=3.0 is not of type int"),
+    ({"check_bpb": None}, "no check_bpb"),
+    ({"memory_gb": math.nan}, "memory_gb=nan is not finite"),
+    ({"device": 1}, "device=1 is not of type str"),
+    ({"num_steps": True}, "num_steps=True is not of type int"),
+])
+def test_a_result_json_that_breaks_the_schema_is_named(tmp_path, change, message):
+    (tmp_path / "result.json").write_text(json.dumps(dict(GOOD_RESULT, **change)))
+    result, problem = run.read_result(tmp_path)
+    assert result is None and message in problem
+    (tmp_path / "result.json").write_text("{not json")
+    assert "not valid JSON" in run.read_result(tmp_path)[1]
+    (tmp_path / "result.json").write_text(json.dumps(GOOD_RESULT))
+    assert run.read_result(tmp_path) == (GOOD_RESULT, "")
+
+# --- results.tsv ------------------------------------------------------------------------------------------
+
+
+def test_an_old_or_foreign_ledger_names_the_fix(tmp_path):
+    path = tmp_path / "results.tsv"
+    path.write_text("\t".join(ledger.COLUMNS[:13]) + "\n")
+    with pytest.raises(ledger.LedgerError, match="written by autoresearch 0.1.*mv results.tsv results.tsv.old"):
+        ledger.read(path)
+
+
+def test_an_edited_ledger_row_is_reported_with_its_line_number(tmp_path):
+    path = tmp_path / "results.tsv"
+    ledger.create(path)
+    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
+    ledger.append(path, good)
+    with open(path, "a") as f:
+        f.write(good.to_line().replace("\t10\t", "\t3.0\t"))  # steps edited to a float: every column there
+    ledger.append(path, good)
+    with pytest.raises(ledger.LedgerError, match=r"results.tsv line 3 is damaged .*Fix that line by hand"):
+        ledger.read(path)
+    damaged = []
+    assert len(ledger.read(path, damaged=damaged)) == 2 and "line 3" in damaged[0]
+
+
+def test_a_torn_final_row_is_skipped_and_reported(tmp_path):
+    path = tmp_path / "results.tsv"
+    ledger.create(path)
+    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
+    ledger.append(path, good)
+    with open(path, "a") as f:
+        f.write("def5678\t1.4\t0.2\tke")  # a write cut short
+    ledger.append(path, good)
+    damaged = []
+    assert len(ledger.read(path)) == 2 and len(ledger.read(path, damaged=damaged)) == 2
+    assert "torn write" in damaged[0]
+
+# --- commands ---------------------------------------------------------------------------------------------
+
+
+def test_a_bad_tag_name_and_a_damaged_tag_file(repo, env):
+    out = cli(repo, "setup", "--tag", "no spaces/please", env=env)
+    assert out.returncode == 2 and "use letters, digits" in out.stderr
+    assert cli(repo, "setup", "--tag", "ok", env=env).returncode == 0
+    (repo / ".autoresearch" / "tags" / "ok.json").write_text("{")
+    out = cli(repo, "status", env=env)
+    assert out.returncode == 2 and "ok.json is damaged" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sandbox_on_without_bubblewrap_names_the_package(repo, env, tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "git").symlink_to(shutil.which("git"))
+    no_bwrap = dict(env, PATH=str(tmp_path / "bin"))
+    assert cli(repo, "setup", "--tag", "s", env=no_bwrap).returncode == 0
+    out = cli(repo, "run", "-m", "x", "--sandbox", "on", env=no_bwrap)
+    assert out.returncode == 2 and "apt-get install bubblewrap" in out.stderr and rows(repo) == []
+    sandbox.bwrap_works.cache_clear()
+
+
+def test_a_train_py_that_prints_gigabytes_gets_a_capped_log(repo, env, monkeypatch):
+    monkeypatch.setattr(run, "LOG_KEEP", 64 << 10)
+    assert cli(repo, "setup", "--tag", "loud", env=env).returncode == 0
+    (repo / "train.py").write_text("import sys\nprint('FIRST LINE')\nfor i in range(200000):\n"
+                                   "    print('x' * 99)\nprint('LAST LINE')\nsys.exit(3)\n")
+    monkeypatch.chdir(repo)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    outcome = run.run_experiment(repo, "loud", sandbox_mode="off", log=lambda *a: None)
+    log = (outcome.run_dir / "run.log").read_bytes()
+    assert outcome.row.status == "crash" and "exit status 3" in outcome.row.description
+    assert len(log) < 3 * (64 << 10) and log.startswith(b"FIRST LINE") and log.rstrip().endswith(b"LAST LINE")
+    assert b"bytes of output dropped here" in log  # 20 MB printed, ~130 KB kept
