@@ -92,7 +92,8 @@ def main(repo: Path, args, log=print) -> int:
     while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
         rows = ledger.read(repo / "results.tsv", config["tag"])
         if not any(r.status == "keep" for r in rows):  # no baseline yet, or it crashed: run it (again)
-            tries = sum(r.description.startswith("baseline") and r.status == "crash" for r in rows)
+            tries = sum(r.description.startswith("baseline") and r.status == "crash" and "[interrupted" not in
+                        r.description for r in rows)  # a killed harness is not the baseline's failure
             if tries >= BASELINE_TRIES:
                 log(f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): "
                     "fix train.py on the branch's base commit, or the machine, then run the loop again")
