@@ -185,9 +185,10 @@ def main(argv: list[str]) -> int:
 
 
 def run_evaluation(prepare_source: bytes, run_dir: Path, dtype: str, device: str, check_bpb: float,
-                   test_below: float, cache: Path, timeout: float) -> dict:
+                   test_below: float, cache: Path, timeout: float, on_start=None) -> dict:
     """Run this file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py.
-    Returns its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with a reason."""
+    Returns its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with a reason.
+    on_start(pid) is called as soon as it runs, so that a harness killed meanwhile can be cleaned up after."""
     private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
     try:
         (private / "fixed").mkdir()
@@ -199,16 +200,23 @@ def run_evaluation(prepare_source: bytes, run_dir: Path, dtype: str, device: str
         argv = [sys.executable, "-I", "-B", str(Path(__file__).resolve()),
                 "--prepare-dir", str(private / "fixed"), "--run-dir", str(run_dir), "--dtype", dtype,
                 "--device", device, "--check-bpb", repr(check_bpb), "--test-below", repr(test_below)]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL)
+            if on_start:
+                on_start(proc.pid)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"the evaluation took longer than {timeout:.0f} s"}
-        lines = proc.stdout.strip().splitlines()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        lines = stdout.strip().splitlines()
         try:
             return json.loads(lines[-1])
         except (IndexError, json.JSONDecodeError):
-            return {"error": f"the evaluation failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}"}
+            return {"error": f"the evaluation failed (exit {proc.returncode}): {stderr.strip()[-800:]}"}
     finally:
         shutil.rmtree(private, ignore_errors=True)
 

@@ -414,7 +414,11 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     if others:
         refuse(f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
-    if fixed_fingerprint(repo) != config["fingerprint"]:
+    try:
+        fingerprint = fixed_fingerprint(repo)
+    except HarnessError as e:  # a data file no longer matches its sha256
+        refuse(str(e).rstrip("."))
+    if fingerprint != config["fingerprint"]:
         refuse("the fixed half (prepare.py, the prepared data or the tokenizer) differs from when this tag was "
                "set up; restore it (`git checkout -- prepare.py`, `python prepare.py --force` for the data) or "
                "start a new tag")
@@ -486,10 +490,15 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {config['budget_s']}"
                        f" s budget plus the {allowance:.0f} s allowance for startup and export")
     if refusal is None and crash is None:
-        fault_point("evaluating")
+        def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
+            pending["processes"].append(lock.identity(pid) or [pid, 0.0])
+            _atomic_json(pending_path, pending)
+            fault_point("evaluating")
+
         evaluation = evaluate.run_evaluation(
             fixed_source, run_dir, result["dtype"], result["device"], result["check_bpb"],
-            best_before if best_before is not None else float("inf"), cache, timeout=EVAL_TIMEOUT)
+            best_before if best_before is not None else float("inf"), cache, timeout=EVAL_TIMEOUT,
+            on_start=evaluator_started)
         evaluation["outside_s"] = training.result_after - config["budget_s"]
         if "refused" in evaluation:
             refusal = evaluation["refused"]

@@ -11,7 +11,7 @@ and checks:
 - no row lost: every experiment that started (a run directory or a pending.json) has exactly one row;
 - no row written twice, no torn row: every line of results.tsv parses, run ids are unique;
 - the branch is on the last kept commit, and every kept commit is on the branch;
-- no orphaned training process is left.
+- no orphaned process is left: no training, and no evaluator.
 Run it alone (2 cores): it trains all the time.
 """
 
@@ -45,10 +45,14 @@ def loop(repo: Path, env: dict, n: int) -> subprocess.Popen:
 
 
 def orphans(repo: Path) -> list[int]:
+    """Training processes (train.py run in the clone) and evaluators (the clone's evaluate.py) still alive."""
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if p.info["cwd"] == str(repo) and p.info["cmdline"] and "train.py" in p.info["cmdline"][-1]:
+            cmd = p.info["cmdline"] or []
+            training = p.info["cwd"] == str(repo) and cmd and "train.py" in cmd[-1]
+            evaluator = any(str(repo / "autoresearch" / "evaluate.py") == c for c in cmd)
+            if training or evaluator:
                 found.append(p.pid)
         except (psutil.Error, TypeError):
             continue
@@ -112,7 +116,10 @@ def main() -> int:
     subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work"], check=True)
     counts, violations, t0 = {}, [], time.time()
     for i in range(args.kills):
-        phase = PHASES[i % len(PHASES)] if args.phases_only or i % 2 == 0 else "random"
+        if args.phases_only:
+            phase = PHASES[i % len(PHASES)]
+        else:  # every other round a named moment, each in turn; the rest at random
+            phase = PHASES[(i // 2) % len(PHASES)] if i % 2 == 0 else "random"
         run_env = dict(env, AUTORESEARCH_KILL_AT=phase) if phase != "random" else env
         proc = loop(repo, run_env, 3)
         if phase == "random":

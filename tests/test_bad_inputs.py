@@ -192,11 +192,16 @@ def test_an_old_or_foreign_ledger_names_the_fix(tmp_path):
         ledger.read(path)
 
 
-def test_an_edited_ledger_row_is_reported_with_its_line_number(tmp_path):
+def ledger_with_a_row(tmp_path):
     path = tmp_path / "results.tsv"
     ledger.create(path)
-    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
+    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base\twith tab", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
     ledger.append(path, good)
+    return path, good
+
+
+def test_an_edited_ledger_row_is_reported_with_its_line_number(tmp_path):
+    path, good = ledger_with_a_row(tmp_path)
     with open(path, "a") as f:
         f.write(good.to_line().replace("\t10\t", "\t3.0\t"))  # steps edited to a float: every column there
     ledger.append(path, good)
@@ -207,16 +212,15 @@ def test_an_edited_ledger_row_is_reported_with_its_line_number(tmp_path):
 
 
 def test_a_torn_final_row_is_skipped_and_reported(tmp_path):
-    path = tmp_path / "results.tsv"
-    ledger.create(path)
-    good = ledger.Row("abc1234", 1.5, 0.2, "keep", "base", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42)
-    ledger.append(path, good)
+    path, good = ledger_with_a_row(tmp_path)
     with open(path, "a") as f:
         f.write("def5678\t1.4\t0.2\tke")  # a write cut short
     ledger.append(path, good)
     damaged = []
-    assert len(ledger.read(path)) == 2 and len(ledger.read(path, damaged=damaged)) == 2
-    assert "torn write" in damaged[0]
+    read = ledger.read(path, damaged=damaged)
+    assert len(ledger.read(path)) == 2 and len(read) == 2 and "torn write" in damaged[0]
+    assert read[0].description == "base with tab" and read[0].val_bpb == 1.5
+    assert path.read_text().count("\n") == 4  # header, row, the torn line terminated, row
 
 # --- commands ---------------------------------------------------------------------------------------------
 

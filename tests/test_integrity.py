@@ -206,7 +206,8 @@ def test_editing_the_data_in_place_is_refused_and_blocks_later_runs(repo, env, o
     (repo / "train.py").write_text(attack())
     later = cli(repo, "run", "-m", "honest", "--sandbox", "off", env=env)
     assert later.returncode == 2 and "prepare.py --force" in later.stderr
-    assert rows(repo)[-1].status == "refused"
+    assert [r.status for r in rows(repo)] == ["refused", "refused"] and "does not match its checksum" in \
+        rows(repo)[-1].description
 
 
 def test_editing_the_data_in_place_fails_in_the_sandbox(repo, env, own_cache, bwrap_or_skip):
