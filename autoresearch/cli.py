@@ -24,7 +24,9 @@ def _status(repo: Path) -> str:
     rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
     best = ledger.best(rows, config["fingerprint"], config["budget_s"])
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s | fingerprint {config['fingerprint'][:12]}",
+    from autoresearch import machine
+    hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
+    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s | fingerprint {config['fingerprint'][:12]}{hw}",
              f"best val_bpb: {best.val_bpb:.6f} at {best.commit} ({best.description})" if best else "best val_bpb: none yet",
              "experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:

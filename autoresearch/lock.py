@@ -121,6 +121,20 @@ def kill_all(identities, grace: float = 5.0) -> int:
     return len(procs)
 
 
+def reap(identities) -> None:
+    """Collect the exit status of recorded processes that ended as our children (orphans that became ours as
+    subreaper), so that none is left as a zombie over a night of runs."""
+    me = os.getpid()
+    for ident in identities:
+        try:
+            pid = int(ident[0])
+            proc = psutil.Process(pid)
+            if proc.ppid() == me and proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError, TypeError, ValueError, IndexError):
+            continue
+
+
 def become_subreaper() -> bool:
     """Linux: orphaned descendants (a daemon that double-forks, a setsid escapee whose parent died) are
     re-parented to this process instead of init, so they stay in its process tree and can be found."""

@@ -21,7 +21,42 @@ def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
     return out
 
 
-def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None) -> str:
+def configurations(rows: list[ledger.Row], repo: Path | None) -> dict[str, list[ledger.Row]]:
+    """Finished runs grouped by configuration: the git blob of the train.py they ran (None without git)."""
+    from autoresearch import git
+    groups: dict[str, list[ledger.Row]] = {}
+    blobs: dict[str, str] = {}
+    for r in rows:
+        if r.status not in ("keep", "discard") or repo is None:
+            continue
+        if r.commit not in blobs:
+            try:
+                blobs[r.commit] = git.git(repo, "rev-parse", f"{r.commit}:train.py")
+            except git.GitError:
+                blobs[r.commit] = r.commit  # a commit git no longer has: its own configuration
+        groups.setdefault(blobs[r.commit], []).append(r)
+    return groups
+
+
+def noise_lines(groups: dict[str, list[ledger.Row]]) -> list[str]:
+    """The pooled run-to-run noise, and every configuration that ran more than once as mean +- sem."""
+    from autoresearch.decide import pooled_noise, sem
+    noise = pooled_noise({k: [r.val_bpb for r in rs] for k, rs in groups.items()})
+    if noise is None:
+        return ["noise: no configuration ran more than once yet, so single-run differences cannot be judged"]
+    lines = [f"noise: one run's val_bpb varies by {noise.sigma:.4f} (std, pooled over {noise.df} repeats); one "
+             f"run against one other must differ by {2.33 * noise.sigma:.4f} to be 95% sure",
+             "configurations run more than once (mean +- sem, runs, commits):"]
+    repeated = sorted((rs for rs in groups.values() if len(rs) > 1), key=lambda rs: sum(r.val_bpb for r in rs) / len(rs))
+    for rs in repeated:
+        values = [r.val_bpb for r in rs]
+        lines.append(f"  {sum(values) / len(values):.6f} +- {sem(values, noise):.6f}  n={len(values)}  "
+                     f"{','.join(sorted({r.commit for r in rs}))}  {rs[0].description}")
+    return lines
+
+
+def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None,
+              groups: dict[str, list[ledger.Row]] | None = None) -> str:
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     lines = [f"{len(rows)} experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES if counts[s])]
     kept = [r for r in rows if r.status == "keep"]
@@ -39,6 +74,8 @@ def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None) -> 
     lines.append("kept changes, in order (commit, val_bpb, test_bpb, description):")
     lines += [f"  {r.commit}  {r.val_bpb:.6f}  " + (f"{tests[r.run_id]:.6f}" if r.run_id in tests else "       -") +
               f"  {r.description}" for r in kept]
+    if groups is not None:
+        lines += noise_lines(groups)
     return "\n".join(lines)
 
 
@@ -108,4 +145,5 @@ def main(args) -> str:
         raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + ".")
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch")
     tests = test_scores([r for r in rows if r.status == "keep"], path.parent / run.STATE_DIR / "runs")
-    return summarize(rows, tests) + f"\nplot: {out}"
+    repo = path.parent if (path.parent / ".git").exists() else None
+    return summarize(rows, tests, configurations(rows, repo) if repo else None) + f"\nplot: {out}"

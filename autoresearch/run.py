@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import evaluate, git, guard, ledger, lock, sandbox
+from autoresearch import evaluate, git, guard, ledger, lock, machine, sandbox
 
 STATE_DIR = ".autoresearch"
 BRANCH_PREFIX = "autoresearch/"
@@ -115,7 +115,7 @@ def setup(repo: Path, tag: str) -> dict:
     prepare_source = git.git(repo, "show", "HEAD:prepare.py", strip=False).encode()
     config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": current_budget(),
               "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     git.git(repo, "checkout", "-q", "-b", name)
     _atomic_json(state_dir(repo) / "tags" / f"{tag}.json", config)
     ledger.create(repo / "results.tsv")
@@ -329,6 +329,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
         known += [i for i in lock.descendants() if i not in known]
         lock.kill_all(known)
         proc.wait()
+        lock.reap(known)
         log.close()
     wall = time.time() - start
     if result_after is None and result_path.exists():
@@ -426,6 +427,13 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     if budget != config["budget_s"]:
         refuse(f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
                f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
+    here = machine.hardware()
+    changed_hw = machine.differences(config.get("hardware", here), here)
+    if changed_hw:
+        refuse(f"this tag was set up on {machine.describe(config['hardware'])}, and this machine is "
+               f"{machine.describe(here)} ({'; '.join(changed_hw)}): its results would not be comparable. Start a "
+               "new tag here (`autoresearch setup --tag NEWTAG`, or `autoresearch loop --tag NEWTAG`); the old "
+               "tag's rows stay in results.tsv")
     fixed_source = clean_prepare(repo, config)
     contract = prepare_contract()
     cache = contract.cache_dir()

@@ -7,8 +7,9 @@
 Each run is `python train.py` by hand (the full budget unless AUTORESEARCH_TIME_BUDGET is set) on the prepared
 data in AUTORESEARCH_CACHE; by hand train.py sees the validation split and reports the same val_bpb the harness
 would measure (to 1e-6, tests/test_train.py). Every run records val_bpb, steps, tokens/s, and the machine's
-load average before it started. The report splits the variance of val_bpb into the part a linear fit on steps
-explains (throughput) and the rest (the seed, and whatever else). Run it alone.
+load average before it started. The report gives, per group, how much of the variance a linear fit on steps
+explains (throughput), and splits one run's variance into throughput (the same-seed group) and seed (what the
+varied-seed group adds). Run it alone.
 """
 
 from __future__ import annotations
@@ -52,16 +53,20 @@ def report(rows: list[dict]) -> str:
         sd = statistics.stdev(v) if len(v) > 1 else float("nan")
         lines.append(f"{name:>12} {len(v):3d} {statistics.mean(v):13.4f} {sd:8.4f} {min(v):8.4f} {max(v):8.4f} "
                      f"{min(s):6d}-{max(s):<6d} {min(t):6.0f}-{max(t):<6.0f}")
-    # variance split: fit val_bpb = a + b * steps over every run, within-group means removed for the seed part
-    v = [r["val_bpb"] for r in rows]
-    s = [r["steps"] for r in rows]
-    if len(rows) >= 3 and statistics.pvariance(s) > 0:
-        b = statistics.covariance(s, v) / statistics.variance(s)
-        residual = [vi - b * (si - statistics.mean(s)) for vi, si in zip(v, s)]
-        total, left = statistics.variance(v), statistics.variance(residual)
-        lines.append(f"\nall {len(v)} runs: std {total ** 0.5:.4f}; a linear fit on steps (slope {b * 100:+.5f} per 100 "
-                     f"steps) explains {100 * (1 - left / total):.0f}% of the variance; what is left has std "
-                     f"{left ** 0.5:.4f} (the seed, and the rest)")
+    # the split, within each group: a linear fit of val_bpb on steps (throughput) and what is left
+    for name, rs in groups.items():
+        v, st = [r["val_bpb"] for r in rs], [r["steps"] for r in rs]
+        if len(rs) >= 3 and statistics.variance(st) > 0 and statistics.variance(v) > 0:
+            b = statistics.covariance(st, v) / statistics.variance(st)
+            left = statistics.variance([vi - b * (si - statistics.mean(st)) for vi, si in zip(v, st)])
+            lines.append(f"{name}: a linear fit on steps (slope {b * 100:+.5f} per 100 steps) explains "
+                         f"{100 * (1 - left / statistics.variance(v)):.0f}% of the variance; the rest has std "
+                         f"{left ** 0.5:.4f}")
+    if "same-seed" in groups and "seeds" in groups:
+        same = statistics.variance([r["val_bpb"] for r in groups["same-seed"]])
+        seeds = statistics.variance([r["val_bpb"] for r in groups["seeds"]])
+        lines.append(f"split: one run's std {seeds ** 0.5:.4f} = throughput {same ** 0.5:.4f} (same seed, same code) "
+                     f"and seed {max(seeds - same, 0) ** 0.5:.4f} (sqrt of the difference of the variances)")
     return "\n".join(lines)
 
 

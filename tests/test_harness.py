@@ -267,3 +267,18 @@ def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, 
               "--max-seq-len", "32", "--eval-tokens", "512", env=own)
     assert out.returncode == 0, out.stderr
     assert cli(repo, "setup", "--tag", "m", env=own).returncode == 0
+
+
+def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
+    from autoresearch import machine
+    assert cli(repo, "setup", "--tag", "hw", env=env).returncode == 0
+    path = repo / ".autoresearch" / "tags" / "hw.json"
+    config = json.loads(path.read_text())
+    assert config["hardware"] == machine.hardware() and config["hardware"]["cores"] >= 1
+    assert machine.describe(config["hardware"]) in cli(repo, "status", env=env).stdout
+    config["hardware"]["name"] = "AMD EPYC 7B13 (another machine)"  # the tag resumed elsewhere
+    path.write_text(json.dumps(config))
+    out = cli(repo, "run", "-m", "elsewhere", env=env)
+    assert out.returncode == 2 and "would not be comparable" in out.stderr and "--tag NEWTAG" in out.stderr
+    [row] = rows(repo)
+    assert row.status == "refused" and "AMD EPYC 7B13" in row.description

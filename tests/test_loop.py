@@ -165,3 +165,24 @@ def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     out = cli(repo, "loop", "--max-experiments", "0", env=slow)  # a restart continues the same tag quietly
     assert out.returncode == 0, out.stdout + out.stderr
     assert "loop on autoresearch/cc" in out.stdout and "new tag" not in out.stdout and len(rows(repo)) == 1
+
+
+def test_report_shows_the_noise_and_repeated_configurations(repo):
+    """Runs of the same train.py (the same git blob) are one configuration: mean +- sem with the pooled noise."""
+    base = sh(repo, "git", "rev-parse", "--short=7", "HEAD")
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# a change\n")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change")
+    changed = sh(repo, "git", "rev-parse", "--short=7", "HEAD")
+    path = repo / "results.tsv"
+    ledger.create(path)
+    runs = [(base, 2.00), (base, 2.02), (changed, 1.95), (base, 2.01), (changed, 1.97)]
+    for i, (commit, bpb) in enumerate(runs):
+        status = "keep" if i == 0 or bpb < 1.96 else "discard"
+        ledger.append(path, ledger.Row(commit, bpb, 0.5, status, "d", "t", f"r{i}", "now", 300, 10, 310, "f", i))
+    proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", "report", "--results", str(path), "--out",
+                           str(repo / "p.png")], capture_output=True, text=True, cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    # pooled: base 2.00/2.02/2.01 (squares 0.0002), changed 1.95/1.97 (squares 0.0002): sqrt(0.0004 / 3)
+    assert "varies by 0.0115 (std, pooled over 3 repeats)" in proc.stdout
+    assert f"1.960000 +- 0.008165  n=2  {changed}" in proc.stdout
+    assert f"2.010000 +- 0.006667  n=3  {base}" in proc.stdout
