@@ -340,8 +340,6 @@ def prepare_climbmix(data_dir: Path, raw: Path, num_shards: int, workers: int, k
                      log=print) -> dict:
     """Download shards into raw (kept across prepares) and hard-link them into data_dir. known: shard file name
     -> sha256 from an earlier manifest, to re-check shards kept on disk."""
-    if num_shards < 1:
-        raise PrepareError("--num-shards must be at least 1 (training shards).")
     from tqdm import tqdm
 
     raw.mkdir(parents=True, exist_ok=True)

@@ -325,9 +325,8 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
                 on_progress(_progress_seconds(run_dir / "run.log"))
             time.sleep(0.2)
     finally:
-        _kill_training(pending)  # leftovers, grandchildren and setsid escapees too
         known += [i for i in lock.descendants() if i not in known]
-        lock.kill_all(known)
+        _kill_training(pending)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
         lock.reap(known)
         log.close()

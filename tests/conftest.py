@@ -12,7 +12,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import prepare  # noqa: E402
 from autoresearch import data  # noqa: E402
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "

@@ -5,7 +5,6 @@ import json
 import math
 import re
 import shutil
-import sys
 
 import numpy as np
 import pyarrow as pa

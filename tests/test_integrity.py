@@ -6,7 +6,6 @@ out afterwards. The ones that only the sandbox can stop run with `--sandbox on`.
 """
 
 import json
-import os
 import re
 import shutil
 
@@ -14,7 +13,7 @@ import pytest
 
 import prepare
 from autoresearch import ledger
-from conftest import cli, sh
+from conftest import cli
 from test_harness import head, rows
 
 # A tiny honest train.py: a bigram model (causal by construction), trained for the budget, handed to finish().
