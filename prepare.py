@@ -77,6 +77,38 @@ def time_budget() -> int | float:
     return int(value) if value == int(value) else value
 
 
+BUDGET_CLOCKS = ("wall", "cpu")
+
+
+def budget_clock_kind() -> str:
+    """What the budget's seconds are: wall (the default, and what the public project means) or cpu."""
+    kind = os.environ.get("AUTORESEARCH_BUDGET_CLOCK", "").strip() or "wall"
+    if kind not in BUDGET_CLOCKS:
+        raise PrepareError(f"AUTORESEARCH_BUDGET_CLOCK={kind!r}: use wall (the default: seconds of wall clock) or "
+                           "cpu (seconds of compute the training process received, for shared machines).")
+    return kind
+
+
+def cpu_threads() -> int:
+    """The threads the cpu clock divides by: OMP_NUM_THREADS (the harness sets it), else the usable cores."""
+    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if raw.isdigit() and int(raw) > 0:
+        return int(raw)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def budget_clock():
+    """The clock train.py's budget runs on, a function returning seconds. wall: time.perf_counter. cpu: the CPU
+    seconds of this process (all its threads) divided by its thread count, so that time the machine gave to
+    other processes does not count: on a shared machine the same train.py then reaches the same step.
+    Meant with OMP_WAIT_POLICY=PASSIVE (the harness sets it), else threads waiting for a descheduled peer spin
+    and bill the budget for it."""
+    if budget_clock_kind() == "wall":
+        return time.perf_counter
+    threads = cpu_threads()
+    return lambda: time.process_time() / threads
+
+
 MANIFEST_KEYS = ("version", "profile", "dataset", "vocab_size", "max_seq_len", "eval_tokens", "data_dir", "files")
 
 
@@ -126,6 +158,8 @@ def __getattr__(name: str):
     """TIME_BUDGET, PROFILE, MAX_SEQ_LEN, ... read lazily, so importing this file never fails or does work."""
     if name == "TIME_BUDGET":
         return time_budget()
+    if name == "BUDGET_CLOCK":
+        return budget_clock_kind()
     if name == "MANIFEST":
         return load_manifest()
     settings_keys = {"DATASET": "dataset", "VOCAB_SIZE": "vocab_size", "MAX_SEQ_LEN": "max_seq_len",

@@ -1,7 +1,8 @@
 """
 The one file the agent edits: a small GPT, its optimizer (Muon + AdamW) and a
-training loop that runs for exactly TIME_BUDGET seconds of wall clock,
-compilation included, then hands the model to prepare.finish().
+training loop that runs for exactly TIME_BUDGET seconds of the budget's clock
+(wall clock unless AUTORESEARCH_BUDGET_CLOCK=cpu), compilation included, then
+hands the model to prepare.finish().
 
     python train.py
 
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prepare import MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, cache_dir, finish, make_dataloader
+from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, cache_dir, finish,
+                     make_dataloader)
 
 # ---------------------------------------------------------------------------
 # Hyperparameters: edit these directly.
@@ -423,7 +425,8 @@ def main():
     flops_per_token = model.flops_per_token()
     peak = peak_flops(device, dtype)
     print(f"device={device.type} dtype={str(dtype).removeprefix('torch.')} compile={USE_COMPILE} "
-          f"params={model.num_params():,} budget={TIME_BUDGET}s grad_accum={grad_accum} profile={PROFILE} seed={seed}")
+          f"params={model.num_params():,} budget={TIME_BUDGET}s clock={BUDGET_CLOCK} grad_accum={grad_accum} "
+          f"profile={PROFILE} seed={seed} threads={torch.get_num_threads()}")
 
     # Everything long-lived exists now: freeze it out of the collector's sight and keep it out of the loop.
     gc.collect()
@@ -431,8 +434,11 @@ def main():
     gc.disable()
     startup_seconds = time.time() - t_start
 
+    # The budget's clock: wall seconds, or on a shared machine (AUTORESEARCH_BUDGET_CLOCK=cpu) the compute
+    # this process received. tok/s stays per wall second either way.
+    clock = budget_clock()
     step, tokens, compile_seconds = 0, 0, 0.0
-    t0 = time.time()
+    t0, c0 = time.time(), clock()
     t_log, tokens_log = t0, 0
     elapsed = 0.0
     while step < 10**9:  # the clock ends the loop; the counter is only a sentinel
@@ -458,12 +464,13 @@ def main():
             print(f"FAST_FAIL step={step} loss={step_loss} (NaN, infinite or above 100)", flush=True)
             sys.exit(1)
         now = time.time()
-        elapsed = now - t0
+        elapsed = clock() - c0
         if step == 1:
             compile_seconds = elapsed  # the first step carries compilation and warm-up
+            first_step_wall = now - t0
             t_log, tokens_log = now, tokens
         if step == 1 or step % LOG_EVERY == 0:
-            rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / elapsed
+            rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / max(now - t0, 1e-9)
             print(f"step={step:6d} | loss={step_loss:.4f} | tok/s={rate:.0f} | mfu={100 * rate * flops_per_token / peak:.1f}% "
                   f"| elapsed={elapsed:.0f}s | epoch={epoch}", flush=True)
             t_log, tokens_log = now, tokens
@@ -472,7 +479,8 @@ def main():
     training_seconds = elapsed
     gc.enable()
     gc.unfreeze()
-    steady = (tokens - TOTAL_BATCH_SIZE) / max(training_seconds - compile_seconds, 1e-9) if step > 1 else 0.0
+    training_wall = time.time() - t0
+    steady = (tokens - TOTAL_BATCH_SIZE) / max(training_wall - first_step_wall, 1e-9) if step > 1 else 0.0
     print(f"training={training_seconds:.1f}s compile={compile_seconds:.1f}s startup={startup_seconds:.1f}s "
           f"tok/s={steady:.0f} mfu={100 * steady * flops_per_token / peak:.1f}%", flush=True)
 
@@ -490,6 +498,7 @@ def main():
         "tokens_per_second": steady, "mfu_percent": 100 * steady * flops_per_token / peak, "peak_flops": peak,
         "num_params": model.num_params(), "flops_per_token": flops_per_token, "compiled": USE_COMPILE,
         "flash_attention_3": FA3 is not None, "profile": PROFILE, "seed": seed, "epoch": epoch,
+        "budget_clock": BUDGET_CLOCK, "training_wall_seconds": training_wall,
     }, EVAL_BATCH_SIZE)
 
 

@@ -15,6 +15,26 @@ import sys
 from pathlib import Path
 
 
+DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats with new seeds until P(better "
+                 "than the champion's mean) >= 0.98 or it is rejected; naive: one run, kept when below the best "
+                 "single run (the public project's rule)")
+
+
+def champion_line(rows) -> str:
+    """The champion as mean +- sem over its runs, and the tag's noise."""
+    from autoresearch import decide
+    champ = decide.champion(rows)
+    if champ is None:
+        return "champion: none yet"
+    values = decide.samples(rows)
+    mine = values.get(champ.config or champ.commit, [])
+    noise = decide.pooled_noise(values)
+    spread = f" +- {decide.sem(mine, noise):.6f}" if noise else ""
+    noise_text = f" | noise {noise.sigma:.4f} per run ({noise.df} repeats)" if noise else " | noise: no repeats yet"
+    return (f"champion: val_bpb {sum(mine) / len(mine):.6f}{spread} over {len(mine)} run(s) at {champ.commit} "
+            f"({decide.base_description(champ.description)}){noise_text}")
+
+
 def _status(repo: Path) -> str:
     """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
     from autoresearch import git, ledger, lock, run
@@ -22,15 +42,15 @@ def _status(repo: Path) -> str:
     config = run.load_tag(repo)
     damaged = []
     rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
-    best = ledger.best(rows, config["fingerprint"], config["budget_s"])
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    from autoresearch import machine
+    from autoresearch import decide, machine
     hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
-    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s | fingerprint {config['fingerprint'][:12]}{hw}",
-             f"best val_bpb: {best.val_bpb:.6f} at {best.commit} ({best.description})" if best else "best val_bpb: none yet",
-             "experiments: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
+    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s on the {config['clock']} clock | "
+             f"fingerprint {config['fingerprint'][:12]}{hw}", champion_line(rows),
+             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
-        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}")
+        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}"
+                     + (f"  ({r.decision})" if r.decision else ""))
     pending = run.read_pending(repo)
     if pending is not None:
         if lock.is_held(run.state_dir(repo)):
@@ -51,7 +71,9 @@ def main(argv=None) -> int:
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
     p = sub.add_parser("run", help="run one experiment")
     p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
-    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed", type=int, default=42,
+                   help="seed of the first run; under the stat rule each later run of the tag adds its index")
+    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP)
     p.add_argument("--timeout", type=float, help="seconds before the run is killed (default 2 x budget + 120)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                    help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
@@ -62,6 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--hours", type=float, help="stop after this many hours")
     p.add_argument("--tag", help="tag to create (or continue) if not on an experiment branch")
     p.add_argument("--agent-timeout", type=float, default=1800, help="seconds an external agent may take")
+    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP)
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                    help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
     p = sub.add_parser("report", help="progress.png and a summary of this tag")
@@ -109,10 +132,9 @@ def _change_state(repo: Path, args) -> int:
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         return 0
     if args.command == "run":
-        outcome = run.run_experiment(repo, args.message, seed=args.seed, timeout=args.timeout,
-                                     sandbox_mode=args.sandbox)
-        print(run.summary(outcome))
-        return {"crash": 1, "refused": 2}.get(outcome.row.status, 0)
+        outcomes = run.experiment(repo, args.message, rule=args.decision, seed=args.seed, timeout=args.timeout,
+                                  sandbox_mode=args.sandbox, on_outcome=lambda o: print(run.summary(o), flush=True))
+        return {"crash": 1, "refused": 2}.get(outcomes[-1].row.status, 0)
     from autoresearch import loop
     return loop.main(repo, args)
 

@@ -1,8 +1,13 @@
 """results.tsv: the append-only record of every experiment.
 
-One row per experiment, tab-separated, the public project's columns first. Rows are only ever appended, each
-with one write() and an fsync, so a kill at any moment leaves either the whole row or none of it. The file is
-untracked (in .gitignore), so `git reset` never touches it.
+One row per run, tab-separated, the public project's columns first. Rows are only ever appended, each with one
+write() and an fsync, so a kill at any moment leaves either the whole row or none of it. The file is untracked
+(in .gitignore), so `git reset` never touches it.
+
+A configuration (one train.py, named by its git blob in `config`) may run several times, with other seeds:
+`repeat` counts its runs, `mean`, `sem` and `n` are its statistics after this row, `p_better` the probability
+that it beats the champion, and `decision` why the row has its status (decide.py). Status `confirm` means "more
+runs of this configuration follow"; the last row of a series says keep or discard.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description",
-           "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed", "protection"]
+           "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed", "protection",
+           "config", "repeat", "mean", "sem", "n", "p_better", "decision", "clock", "load"]
 HEADER = "\t".join(COLUMNS) + "\n"
-OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluated models itself)"}
-STATUSES = ("keep", "discard", "crash", "refused")
+# Earlier layouts: still read (report --results old.tsv), never appended to.
+OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluated models itself)",
+               "\t".join(COLUMNS[:14]) + "\n": "0.2 (before decisions over repeated runs)"}
+STATUSES = ("keep", "discard", "confirm", "crash", "refused")
 
 
 class LedgerError(RuntimeError):
@@ -38,9 +46,21 @@ class Row:
     fingerprint: str
     seed: int
     protection: str = "none"   # what enforced the rules during training: bwrap (sandbox) or none
+    config: str = ""           # the git blob of the train.py it ran (12 hex digits): its configuration
+    repeat: int = 1            # this run is the configuration's repeat-th
+    mean: float | None = None  # the configuration's mean val_bpb over its finished runs, this one included
+    sem: float | None = None   # its standard error, with the tag's pooled noise
+    n: int = 0                 # its finished runs
+    p_better: float | None = None  # P(it beats the champion), when it was compared with one
+    decision: str = ""         # why this status: the rule and its numbers
+    clock: str = "wall"        # the budget's clock: wall or cpu (prepare.budget_clock)
+    load: float | None = None  # cores other processes kept busy during training (steal included)
 
     def to_line(self) -> str:
         values = asdict(self)
+        for k in ("mean", "sem", "p_better", "load"):
+            v = values[k]
+            values[k] = "" if v is None else f"{v:.4f}" if k in ("p_better", "load") else f"{v:.6f}"
         values["val_bpb"] = f"{self.val_bpb:.6f}"
         values["memory_gb"] = f"{self.memory_gb:.1f}"
         values["wall_s"] = f"{self.wall_s:.1f}"
@@ -49,19 +69,20 @@ class Row:
         return "\t".join(str(values[c]) for c in COLUMNS) + "\n"
 
     @classmethod
-    def from_line(cls, line: str) -> "Row":
+    def from_line(cls, line: str, columns: list[str] = COLUMNS) -> "Row":
         parts = line.rstrip("\n").split("\t")
-        if len(parts) != len(COLUMNS):
-            raise ValueError(f"{len(parts)} columns, not {len(COLUMNS)}")
+        if len(parts) != len(columns):
+            raise ValueError(f"{len(parts)} columns, not {len(columns)}")
         if parts[3] not in STATUSES:
             raise ValueError(f"status {parts[3]!r} is not one of {', '.join(STATUSES)}")
-        kw = dict(zip(COLUMNS, parts))
-        types = {f.name: f.type for f in fields(cls)}
-        for k, t in types.items():
-            if t in ("float", float):
-                kw[k] = float(kw[k])
-            elif t in ("int", int):
-                kw[k] = int(kw[k])
+        kw = dict(zip(columns, parts))
+        for f in fields(cls):
+            if f.name not in kw:
+                continue  # an older layout: the default
+            if f.type in ("float", float, "int", int):
+                kw[f.name] = (float if f.type in ("float", float) else int)(kw[f.name])
+            elif f.type == "float | None":
+                kw[f.name] = float(kw[f.name]) if kw[f.name] else None
         return cls(**kw)
 
 
@@ -83,11 +104,14 @@ def create(path: Path) -> None:
         os.close(fd)
 
 
-def check_header(path: Path) -> None:
+def check_header(path: Path, old_ok: bool = False) -> list[str]:
+    """The file's columns; an older layout only when old_ok (reading), never for appending."""
     if not path.exists():
         raise LedgerError(f"{path.name} is missing. Run `autoresearch setup --tag TAG` to create it.")
     with open(path, encoding="utf-8") as f:
         first = f.readline()
+    if first in OLD_HEADERS and old_ok:
+        return first.rstrip("\n").split("\t")
     if first in OLD_HEADERS:
         raise LedgerError(f"{path} was written by autoresearch {OLD_HEADERS[first]}, whose rows this version "
                           f"cannot extend. Move it aside (`mv {path.name} {path.name}.old`; nothing in it is lost) "
@@ -96,6 +120,7 @@ def check_header(path: Path) -> None:
         raise LedgerError(f"{path} does not start with the expected header. It may be from another tool or "
                           f"version: move it aside (`mv {path.name} {path.name}.old`) and run "
                           "`autoresearch setup --tag TAG` to start a new one.")
+    return COLUMNS
 
 
 def append(path: Path, row: Row) -> None:
@@ -118,21 +143,21 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def read(path: Path, tag: str | None = None, damaged: list | None = None) -> list[Row]:
+def read(path: Path, tag: str | None = None, damaged: list | None = None, old_ok: bool = False) -> list[Row]:
     """All well-formed rows (of one tag, if given); the file is never rewritten. A torn line (fewer columns:
     a write cut short) is skipped and reported in `damaged`. A line with every column but a value that does
     not parse is an error naming its line, unless `damaged` is given (read-only callers such as status):
     skipping it silently could skip a kept result."""
-    check_header(path)
+    columns = check_header(path, old_ok)
     rows = []
     with open(path, encoding="utf-8", errors="replace") as f:
         f.readline()
         for n, line in enumerate(f, 2):
             try:
-                row = Row.from_line(line)
+                row = Row.from_line(line, columns)
             except (ValueError, TypeError) as e:
                 problem = f"{path.name} line {n} is damaged ({e}): {line.strip()[:80]!r}"
-                torn = len(line.rstrip("\n").split("\t")) != len(COLUMNS)
+                torn = len(line.rstrip("\n").split("\t")) != len(columns)
                 if damaged is None and not torn:
                     raise LedgerError(problem + ". Fix that line by hand (or delete it) and run again; nothing "
                                       "else in the file is changed.") from None

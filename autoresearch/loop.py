@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from autoresearch import agents, git, ledger, run, sandbox
+from autoresearch import agents, decide, git, ledger, run, sandbox
 
 
 def ensure_data(log=print) -> None:
@@ -66,9 +66,11 @@ class Progress:
 
 def line(n: int, outcome: run.Outcome) -> str:
     r = outcome.row
-    best = r.val_bpb if r.status == "keep" else outcome.best_before
-    best_text = f"best {best:.6f}" if best is not None else "best -"
-    return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {best_text}  {r.wall_s:4.0f}s  {r.description}"
+    if r.status in ("crash", "refused"):
+        return f"#{n:<3d} {r.status:8s} {'':8s}  {r.wall_s:4.0f}s  {r.description}"
+    mean = f"mean {r.mean:.6f}" + (f" +- {r.sem:.4f}" if r.sem is not None else "") + f" n={r.n}"
+    p = f" P={r.p_better:.3f}" if r.p_better is not None else ""
+    return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {mean}{p}  {r.wall_s:4.0f}s  {r.description}  ({r.decision})"
 
 
 BASELINE_TRIES = 3
@@ -91,7 +93,11 @@ def main(repo: Path, args, log=print) -> int:
         "after recording the experiment in flight")
     while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
         rows = ledger.read(repo / "results.tsv", config["tag"])
-        if not any(r.status == "keep" for r in rows):  # no baseline yet, or it crashed: run it (again)
+        series = decide.open_series(rows)
+        if series is not None:  # repeats a killed harness left unfinished come first
+            description = series.description
+            log(f"resuming the {series.kind} series of {series.commit} ({series.runs} run(s) so far)")
+        elif not any(r.status == "keep" for r in rows):  # no baseline yet, or it crashed: run it (again)
             tries = sum(r.description.startswith("baseline") and r.status == "crash" and "[interrupted" not in
                         r.description for r in rows)  # a killed harness is not the baseline's failure
             if tries >= BASELINE_TRIES:
@@ -111,9 +117,17 @@ def main(repo: Path, args, log=print) -> int:
                 continue
         failures = 0
         progress = Progress(config["budget_s"], description)
+
+        def report(outcome):
+            progress.close()
+            log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome))
+            if outcome.row.status == "crash":
+                log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
+            progress.__init__(config["budget_s"], description)
+
         try:
-            outcome = run.run_experiment(repo, description, on_progress=progress, log=log,
-                                         sandbox_mode=args.sandbox)
+            outcomes = run.experiment(repo, description, rule=args.decision, on_outcome=report,
+                                      on_progress=progress, log=log, sandbox_mode=args.sandbox)
         except KeyboardInterrupt:
             progress.close()
             run.recover(repo, log, reason="interrupted by Ctrl-C")
@@ -122,8 +136,5 @@ def main(repo: Path, args, log=print) -> int:
         finally:
             progress.close()
         done += 1
-        log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome))
-        if outcome.row.status == "crash":
-            log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
-        agent.observe(outcome)
+        agent.observe(outcomes[-1])
     return 0

@@ -1,9 +1,9 @@
 """The built-in proposer: no language model, no network. It changes a few hyperparameter constants of the best
 kept train.py at a time, chosen by Optuna's TPE sampler (ask/tell) over a per-profile search space.
 
-The study lives on disk per tag (.autoresearch/optuna/<tag>.db) and is brought up to date from results.tsv
-before every proposal: each recorded experiment whose train.py is still in git becomes a trial with the
-configuration it actually ran, so restarts, and experiments made by other agents, all inform the search.
+The study is rebuilt from results.tsv before every proposal: each configuration (one train.py, all its runs)
+whose train.py is still in git becomes one trial valued at the mean val_bpb of its runs, so repeats sharpen
+what TPE learns instead of counting the luckiest run, and restarts and other agents' experiments all inform it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autoresearch import git, ledger
+from autoresearch import decide, git, ledger
 from autoresearch.edit import EditError, read_constants, set_constants
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,12 +72,8 @@ class BuiltinProposer:
     def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
         self.repo, self.tag, self.profile, self.seq_len = repo, tag, profile, seq_len
         self.space = SPACES[profile]
-        path = repo / ".autoresearch" / "optuna" / f"{tag}.db"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.study = optuna.create_study(
-            study_name=tag, storage=f"sqlite:///{path}", direction="minimize", load_if_exists=True,
-            sampler=optuna.samplers.TPESampler(seed=seed + len(self._rows()), n_startup_trials=5, multivariate=True))
-        self.rng = random.Random(seed + len(self._rows()))
+        self.seed = seed
+        self.sources: dict[str, str | None] = {}  # commit -> its train.py (None: gone from git)
 
     def _rows(self) -> list[ledger.Row]:
         return ledger.read(self.repo / "results.tsv", self.tag)
@@ -86,23 +82,39 @@ class BuiltinProposer:
         values = read_constants(source, self.profile)
         return {k: values[k] for k in self.space if k in values and _in_space(self.space[k], values[k])}
 
-    def sync(self) -> None:
-        """Add every recorded experiment not yet in the study as a finished trial."""
-        known = {t.user_attrs.get("run_id") for t in self.study.get_trials(deepcopy=False)}
-        for row in self._rows():
-            if row.run_id in known or row.status == "refused":
-                continue
+    def _source(self, commit: str) -> str | None:
+        if commit not in self.sources:
             try:
-                source = git.git(self.repo, "show", f"{row.commit}:train.py")
+                self.sources[commit] = git.git(self.repo, "show", f"{commit}:train.py")
             except git.GitError:
-                continue  # the commit is gone (garbage-collected): nothing to learn from
+                self.sources[commit] = None  # the commit is gone (garbage-collected): nothing to learn from
+        return self.sources[commit]
+
+    def sync(self) -> None:
+        """A fresh study holding every recorded configuration as one trial: the mean of its runs, or a failed
+        trial when it never finished a run (it crashed)."""
+        rows = self._rows()
+        self.study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
+            seed=self.seed + len(rows), n_startup_trials=5, multivariate=True))
+        self.rng = random.Random(self.seed + len(rows))
+        means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
+        seen = set()
+        for row in rows:
+            key = row.config or row.commit
+            if key in seen or row.status == "refused":
+                continue
+            source = self._source(row.commit)
+            if source is None:
+                continue
+            if key not in means and not any((r.config or r.commit) == key and r.status == "crash"
+                                            and not decide.is_interruption(r) for r in rows):
+                continue  # only refused or interrupted so far: nothing learned about it
+            seen.add(key)
             params = self._params_of(source)
-            dists = {k: self.space[k] for k in params}
-            ok = row.status in ("keep", "discard") and row.val_bpb > 0
             trial = optuna.trial.create_trial(
-                params=params, distributions=dists, value=row.val_bpb if ok else None,
-                state=optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL,
-                user_attrs={"run_id": row.run_id, "description": row.description})
+                params=params, distributions={k: self.space[k] for k in params}, value=means.get(key),
+                state=optuna.trial.TrialState.COMPLETE if key in means else optuna.trial.TrialState.FAIL,
+                user_attrs={"config": key, "description": row.description})
             self.study.add_trial(trial)
 
     def propose(self, context: dict) -> str:
@@ -112,7 +124,7 @@ class BuiltinProposer:
         source = path.read_text()
         current = read_constants(source, self.profile)
         base = self._params_of(source)
-        tried = [t.params for t in self.study.get_trials(deepcopy=False) if "run_id" in t.user_attrs]
+        tried = [t.params for t in self.study.get_trials(deepcopy=False) if "config" in t.user_attrs]
         for _ in range(50):
             trial = self.study.ask(self.space)
             sampled = {k: _round(v) for k, v in trial.params.items()}

@@ -22,10 +22,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from statistics import fmean
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import evaluate, git, guard, ledger, lock, machine, sandbox
+from autoresearch import decide, evaluate, git, guard, ledger, load, lock, machine, sandbox
 
 STATE_DIR = ".autoresearch"
 BRANCH_PREFIX = "autoresearch/"
@@ -100,6 +101,14 @@ def current_budget() -> float:
         raise HarnessError(str(e)) from None
 
 
+def current_clock() -> str:
+    import prepare
+    try:
+        return prepare.budget_clock_kind()
+    except prepare.PrepareError as e:
+        raise HarnessError(str(e)) from None
+
+
 def setup(repo: Path, tag: str) -> dict:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", tag):
         raise HarnessError(f"Tag {tag!r}: use letters, digits, '.', '_' or '-' (for example `mar5`).")
@@ -114,6 +123,7 @@ def setup(repo: Path, tag: str) -> dict:
     fingerprint = fixed_fingerprint(repo)
     prepare_source = git.git(repo, "show", "HEAD:prepare.py", strip=False).encode()
     config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": current_budget(),
+              "clock": current_clock(),
               "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
               "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     git.git(repo, "checkout", "-q", "-b", name)
@@ -142,6 +152,7 @@ def load_tag(repo: Path) -> dict:
     if missing:
         raise HarnessError(f"{path} is damaged (no {', '.join(missing)}). Restore it from a backup, or start a new "
                            "tag with `autoresearch setup --tag NEWTAG` (results.tsv keeps every row).")
+    config.setdefault("clock", "wall")  # tags set up before the cpu clock existed
     return config
 
 
@@ -154,12 +165,22 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
 
-def _row(config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0,
-         protection="none"):
+def _row(tag_config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0,
+         protection="none", **stats):
     return ledger.Row(commit=commit[:7], val_bpb=val_bpb, memory_gb=memory_gb, status=status,
-                      description=description, tag=config["tag"], run_id=run_id, time=_now(),
-                      budget_s=config["budget_s"], steps=steps, wall_s=wall,
-                      fingerprint=config["fingerprint"][:12], seed=seed, protection=protection)
+                      description=description, tag=tag_config["tag"], run_id=run_id, time=_now(),
+                      budget_s=tag_config["budget_s"], steps=steps, wall_s=wall,
+                      fingerprint=tag_config["fingerprint"][:12], seed=seed, protection=protection,
+                      clock=tag_config.get("clock", "wall"), **stats)
+
+
+def branch_target(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
+    """Where the branch belongs between runs: on the candidate while its confirmation series is open, else on
+    the champion (the last kept commit)."""
+    series = decide.open_series(rows)
+    if series is not None and series.kind == "candidate":
+        return git.git(repo, "rev-parse", series.commit)
+    return last_kept_commit(repo, config, rows)
 
 # --- recovery -----------------------------------------------------------------------------
 
@@ -202,12 +223,13 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run") -> ledg
     if not any(r.run_id == pending["run_id"] for r in rows):
         row = _row(config, pending.get("commit") or pending["parent"],
                    f"{pending['description']} [interrupted: {reason}]", pending["run_id"], "crash",
-                   seed=pending.get("seed", 0), protection=pending.get("protection", "none"))
+                   seed=pending.get("seed", 0), protection=pending.get("protection", "none"),
+                   config=pending.get("config", ""), repeat=pending.get("repeat", 1), decision="interrupted")
         ledger.append(repo / "results.tsv", row)
         rows.append(row)
         log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
     if git.branch(repo) == config["branch"]:
-        target = last_kept_commit(repo, config, rows)
+        target = branch_target(repo, config, rows)  # an open confirmation series stays on its candidate
         if git.head(repo) != target:
             git.reset_to(repo, target, EDITABLE)
     (state_dir(repo) / "pending.json").unlink()
@@ -240,6 +262,8 @@ class Training:
     timed_out: bool
     result_after: float | None  # seconds from the start until result.json appeared, by the harness's clock
     wall: float
+    cpu_at_result: float | None = None  # CPU seconds of the training's processes when result.json appeared
+    load: float | None = None   # cores other processes kept busy meanwhile
 
 
 class CappedLog:
@@ -286,7 +310,7 @@ class CappedLog:
 
 
 def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None) -> Training:
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1) -> Training:
     """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those."""
@@ -295,6 +319,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
     if "AUTORESEARCH_TIME_BUDGET" in os.environ:
         env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
+    env.update(load.clock_env(clock, threads))
     if wrap is not None:
         env["TMPDIR"] = "/tmp"
     argv = [sys.executable, EDITABLE]
@@ -306,14 +331,17 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
     pending["processes"] = known
     _atomic_json(pending_path, pending)
     start = time.time()
+    meter = load.Meter()
+    children_before = _children_cpu()
     result_path = run_dir / prepare_contract().RESULT_FILE
-    result_after = None
+    result_after = cpu_at_result = None
     timed_out = False
     try:
         while proc.poll() is None:
             now = time.time()
             if result_after is None and result_path.exists():
                 result_after = now - start
+                cpu_at_result = load.tree_cpu_seconds(known)
             if now - start > timeout:
                 timed_out = True
                 break
@@ -331,9 +359,18 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
         lock.reap(known)
         log.close()
     wall = time.time() - start
+    tree_cpu = _children_cpu() - children_before
     if result_after is None and result_path.exists():
-        result_after = wall
-    return Training(None if timed_out else proc.returncode, timed_out, result_after, wall)
+        result_after, cpu_at_result = wall, tree_cpu
+    return Training(None if timed_out else proc.returncode, timed_out, result_after, wall, cpu_at_result,
+                    round(meter.others(tree_cpu), 3))
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every child this process has waited for (the training, and orphans it reaped)."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fault_point(name: str) -> None:
@@ -386,8 +423,35 @@ def clean_prepare(repo: Path, config: dict) -> bytes:
     return source
 
 
+def experiment(repo: Path, description: str, rule: str = "stat", seed: int = 42, on_outcome=None,
+               **kw) -> list[Outcome]:
+    """One experiment under the decision rule: its first run, then (stat) the repeats its series needs, each
+    recorded as it ends. An open series left by a killed harness is finished first (see run_experiment)."""
+    if rule not in decide.RULES:
+        raise HarnessError(f"--decision {rule!r}: use stat (repeats until the rule is sure, the default) or naive "
+                           "(one run, kept when below the best single run: the public project's rule).")
+    outcomes = []
+    while True:
+        outcome = run_experiment(repo, description, seed=seed, rule=rule, **kw)
+        outcomes.append(outcome)
+        if on_outcome:
+            on_outcome(outcome)
+        if outcome.row.status in ("crash", "refused"):
+            break
+        if decide.open_series(ledger.read(repo / "results.tsv", outcome.row.tag)) is None:
+            break
+    return outcomes
+
+
+def _config_of(repo: Path, commit: str) -> str:
+    """A configuration's name: the git blob of its train.py, 12 hex digits."""
+    return git.git(repo, "rev-parse", f"{commit}:{EDITABLE}")[:12]
+
+
 def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
-                   on_progress=None, log=print, sandbox_mode: str = "auto") -> Outcome:
+                   on_progress=None, log=print, sandbox_mode: str = "auto", rule: str = "stat") -> Outcome:
+    """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
+    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
     description = " ".join(description.split()) or "(no description)"
     config = load_tag(repo)
     recover(repo, log)
@@ -397,10 +461,30 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
         raise HarnessError(str(e)) from None
     results = repo / "results.tsv"
     rows = ledger.read(results, config["tag"])
+    series = decide.open_series(rows)
+    if series is not None:
+        if EDITABLE in git.changed_files(repo):
+            raise HarnessError(
+                f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
+                f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
+                f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
+                f"resume && git stash pop`.")
+        if git.head(repo)[:7] != series.commit[:7]:
+            git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
+        repeat = sum(r.config == series.config for r in rows if r.status != "refused") + 1
+        description = f"{series.description}{decide.REPEAT_MARK}{series.runs + 1}]"
+        log(f"{series.kind} {series.commit}: run {series.runs + 1}")
     run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
     run_dir = state_dir(repo) / "runs" / run_id
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     best_before = best_row.val_bpb if best_row else None
+    champ_row = decide.champion(rows)
+    champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
+    # Every run of a tag gets its own seed under the stat rule, so repeats are independent samples; the naive
+    # rule keeps the one seed, like the public project.
+    if rule == "stat":
+        seed = seed + len(rows)
+    clock = config["clock"]
 
     def row(status, commit, text, **kw):
         return _row(config, commit, text, run_id, status, seed=seed, protection=protection, **kw)
@@ -426,6 +510,10 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     if budget != config["budget_s"]:
         refuse(f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
                f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
+    if current_clock() != clock:
+        refuse(f"AUTORESEARCH_BUDGET_CLOCK is {current_clock()} but this tag runs on the {clock} clock, and "
+               f"results under different clocks are never compared; set it to {clock} (wall: unset it), or "
+               f"start a new tag")
     here = machine.hardware()
     changed_hw = machine.differences(config.get("hardware", here), here)
     if changed_hw:
@@ -438,6 +526,11 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     cache = contract.cache_dir()
     manifest = contract.require_manifest()
     allowance = outside_allowance(manifest["profile"])
+    if clock == "wall":  # a competing process would be measured, not train.py (load.py)
+        try:
+            load.wait_until_quiet(log)
+        except load.Busy as e:
+            raise HarnessError(str(e)) from None
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
     pending_path = state_dir(repo) / "pending.json"
@@ -449,14 +542,19 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     run_dir.mkdir(parents=True)
     commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
     fault_point("committed")
-    pending["commit"] = commit
+    config_id = _config_of(repo, commit)
+    if series is None:
+        repeat = sum(r.config == config_id for r in rows if r.status != "refused") + 1
+    pending.update(commit=commit, config=config_id, repeat=repeat)
     _atomic_json(pending_path, pending)
 
     view = sandbox.make_view(run_dir, cache, manifest)
     wrap = (lambda argv: sandbox.wrap(argv, repo, run_dir, cache, manifest)) if protection == "bwrap" else None
     before = guard.snapshot(repo, exclude=[run_dir, pending_path])
-    timeout = timeout if timeout is not None else 2 * config["budget_s"] + TIMEOUT_MARGIN
-    training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress)
+    threads = config.get("hardware", {}).get("cores") or machine.hardware()["cores"]
+    if timeout is None:  # on the cpu clock a busy machine may stretch the budget's wall time
+        timeout = (2 if clock == "wall" else 4) * config["budget_s"] + TIMEOUT_MARGIN
+    training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock, threads)
     log_path = run_dir / "run.log"
     log_text = log_path.read_text(errors="replace")
     sandbox.keep_measurements(view, cache)
@@ -493,18 +591,24 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             crash = f"the model could not be exported: {result['export_error'][:300]}"
         elif result["time_budget"] != config["budget_s"]:
             refusal = f"the run used a {result['time_budget']} s budget, not {config['budget_s']} s"
-        elif training.result_after > config["budget_s"] + allowance:
+        elif training.result_after > config["budget_s"] + allowance and clock == "wall":
             refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {config['budget_s']}"
                        f" s budget plus the {allowance:.0f} s allowance for startup and export")
+        elif clock == "cpu" and (training.cpu_at_result or 0) / threads > config["budget_s"] + allowance:
+            refusal = (f"the run used {training.cpu_at_result / threads:.0f} s of CPU per thread until its result, "
+                       f"more than the {config['budget_s']} s budget plus the {allowance:.0f} s allowance")
     if refusal is None and crash is None:
         def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
             pending["processes"].append(lock.identity(pid) or [pid, 0.0])
             _atomic_json(pending_path, pending)
             fault_point("evaluating")
 
+        # the held-out test split is scored for a possible new best: below the best single run (naive) or the
+        # champion's mean (stat)
+        threshold = fmean(champ_values) if rule == "stat" and champ_values else best_before
         evaluation = evaluate.run_evaluation(
             fixed_source, run_dir, result["dtype"], result["device"], result["check_bpb"],
-            best_before if best_before is not None else float("inf"), cache, timeout=EVAL_TIMEOUT,
+            threshold if threshold is not None else float("inf"), cache, timeout=EVAL_TIMEOUT,
             on_start=evaluator_started)
         evaluation["outside_s"] = training.result_after - config["budget_s"]
         if "refused" in evaluation:
@@ -517,15 +621,18 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
                        f"{evaluation['val_bpb']:.6f}")
         _atomic_json(run_dir / "evaluation.json", evaluation)
 
+    common = dict(config=config_id, repeat=repeat, load=training.load, wall=training.wall)
     if refusal is not None:
-        outcome_row = row("refused", commit, f"{description} [refused: {refusal}]", wall=training.wall)
+        outcome_row = row("refused", commit, f"{description} [refused: {refusal}]", **common)
     elif crash is not None:
-        outcome_row = row("crash", commit, f"{description} [crash: {crash}]", wall=training.wall)
+        outcome_row = row("crash", commit, f"{description} [crash: {crash}]", decision=(
+            "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
+            else ""), **common)
     else:
         val_bpb = evaluation["val_bpb"]
-        better = best_before is None or val_bpb < best_before
-        outcome_row = row("keep" if better else "discard", commit, description, val_bpb=val_bpb,
-                          memory_gb=result["memory_gb"], steps=result["num_steps"], wall=training.wall)
+        status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before)
+        outcome_row = row(status, commit, description, val_bpb=val_bpb, memory_gb=result["memory_gb"],
+                          steps=result["num_steps"], **stats, **common)
         with open(log_path, "a") as f:  # the public protocol's last line, now the harness's number
             f.write(contract.final_line(val_bpb, result["memory_gb"], result["num_steps"]) + "\n")
     fault_point("recording")
@@ -533,14 +640,34 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     fault_point("recorded")
     shutil.copyfile(log_path, state_dir(repo) / "run.log.tmp")  # same filesystem, outside the work tree
     os.replace(state_dir(repo) / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
-    if outcome_row.status != "keep":
+    if outcome_row.status not in ("keep", "confirm"):
         git.reset_to(repo, last_kept_commit(repo, config, rows), EDITABLE)
         fault_point("reset")
+    if outcome_row.status != "keep":
         for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):  # only kept models are worth their disk
             (run_dir / name).unlink(missing_ok=True)
     pending_path.unlink()
     return Outcome(row=outcome_row, best_before=best_before, log_tail=_tail(log_path), run_dir=run_dir,
                    result=result, evaluation=evaluation)
+
+
+def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before) -> tuple[str, dict]:
+    """The status of a finished run and the statistics its row carries (decide.py)."""
+    values = decide.samples(rows)
+    values[config_id] = values.get(config_id, []) + [val_bpb]
+    mine = values[config_id]
+    noise = decide.pooled_noise(values)
+    stats = {"mean": fmean(mine), "n": len(mine), "sem": decide.sem(mine, noise) if noise else None}
+    if rule == "naive":
+        better = best_before is None or val_bpb < best_before
+        return ("keep" if better else "discard"), dict(stats, decision="naive: " + (
+            "first run" if best_before is None else f"{'below' if better else 'not below'} the best {best_before:.6f}"))
+    if champ_row is None or (series is not None and series.kind == "baseline"):
+        return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
+    if config_id == (champ_row.config or champ_row.commit):
+        return "keep", dict(stats, decision="a repeat of the champion")
+    verdict = decide.decide(mine, champ_values, noise)
+    return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
 def summary(outcome: Outcome) -> str:
@@ -551,9 +678,10 @@ def summary(outcome: Outcome) -> str:
     if row.status == "crash":
         return (f"crash: {row.description}\n--- last 50 lines of the log ({outcome.run_dir / 'run.log'}) ---\n"
                 f"{outcome.log_tail}\n--- the branch is back on the last kept commit; fix train.py and run again")
-    delta = "" if outcome.best_before is None else f" ({row.val_bpb - outcome.best_before:+.6f} vs best " \
-                                                     f"{outcome.best_before:.6f})"
-    base = "baseline, " if outcome.best_before is None else ""
-    return (f"{row.status}: val_bpb={row.val_bpb:.6f}{delta} | {base}steps={row.steps} | memory_gb={row.memory_gb:.1f} "
-            f"| tok/s={result.get('tokens_per_second', 0):.0f} | wall={row.wall_s:.0f}s | commit={row.commit}"
-            + ("" if row.status == "keep" else " | train.py is back at the last kept commit"))
+    config = f"mean {row.mean:.6f}" + (f" +- {row.sem:.6f}" if row.sem is not None else "") + f" over {row.n} run(s)"
+    p = "" if row.p_better is None else f" | P(better) {row.p_better:.3f}"
+    after = {"keep": "the branch holds it", "confirm": "it runs again, with another seed",
+             "discard": "train.py is back at the champion"}[row.status]
+    return (f"{row.status}: val_bpb={row.val_bpb:.6f} | {config}{p} | {row.decision} | steps={row.steps} "
+            f"| memory_gb={row.memory_gb:.1f} | tok/s={result.get('tokens_per_second', 0):.0f} | wall={row.wall_s:.0f}s "
+            f"| load={row.load or 0:.2f} | commit={row.commit} | {after}")

@@ -3,13 +3,16 @@
     python benchmarks/noise.py --runs 5 --out noise.jsonl                 # 5 runs, seed 42 each
     python benchmarks/noise.py --runs 5 --vary-seed --out noise.jsonl     # 5 runs, seeds 0..4
     python benchmarks/noise.py --report noise.jsonl                       # the table and the split
+    python benchmarks/noise.py --runs 6 --compete odd --clock cpu         # a shared machine, on the cpu clock
 
 Each run is `python train.py` by hand (the full budget unless AUTORESEARCH_TIME_BUDGET is set) on the prepared
 data in AUTORESEARCH_CACHE; by hand train.py sees the validation split and reports the same val_bpb the harness
 would measure (to 1e-6, tests/test_train.py). Every run records val_bpb, steps, tokens/s, and the machine's
 load average before it started. The report gives, per group, how much of the variance a linear fit on steps
 explains (throughput), and splits one run's variance into throughput (the same-seed group) and seed (what the
-varied-seed group adds). Run it alone.
+varied-seed group adds). --compete odd|all starts a competing CPU-bound process (one busy core) during every
+other run or every run, as a shared machine would; --clock cpu runs train.py on the cpu budget clock with the
+environment the harness gives it (autoresearch/load.py). Run it alone.
 """
 
 from __future__ import annotations
@@ -27,18 +30,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def one_run(seed: int, extra_env: dict) -> dict:
+def one_run(seed: int, extra_env: dict, compete: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=tmp, **extra_env)
         load = os.getloadavg()[0]
+        rival = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if compete else None
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+        try:
+            proc = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+        finally:
+            if rival:
+                rival.kill()
+                rival.wait()
         if proc.returncode != 0:
             raise SystemExit(f"train.py failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
         result = json.loads((Path(tmp) / "result.json").read_text())
     return {"seed": seed, "val_bpb": result["val_bpb"], "steps": result["num_steps"],
             "tok_s": result["tokens_per_second"], "wall": time.time() - t0, "load_before": load,
-            "env": extra_env, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "env": extra_env, "compete": compete, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def report(rows: list[dict]) -> str:
@@ -77,16 +86,22 @@ def main() -> None:
     parser.add_argument("--group", help="a name for this set of runs in the report (default: same-seed/seeds)")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for train.py (repeatable)")
     parser.add_argument("--out", help="append every run as a JSON line here")
+    parser.add_argument("--compete", choices=["none", "odd", "all"], default="none",
+                        help="a competing busy process during every other run (odd) or every run (all)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="the budget clock")
     parser.add_argument("--report", help="only print the report of this JSON-lines file")
     args = parser.parse_args()
     if args.report:
         print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
         return
-    extra = dict(kv.split("=", 1) for kv in args.env)
+    sys.path.insert(0, str(ROOT))
+    from autoresearch import load, machine
+    extra = load.clock_env(args.clock, machine.hardware()["cores"]) | dict(kv.split("=", 1) for kv in args.env)
     group = args.group or ("seeds" if args.vary_seed else "same-seed")
     rows = []
     for i in range(args.runs):
-        r = one_run(i if args.vary_seed else 42, extra) | {"group": group}
+        compete = args.compete == "all" or (args.compete == "odd" and i % 2 == 1)
+        r = one_run(i if args.vary_seed else 42, extra, compete) | {"group": group}
         rows.append(r)
         print(json.dumps(r), flush=True)
         if args.out:

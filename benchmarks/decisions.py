@@ -1,0 +1,220 @@
+"""Does the decision rule beat the noise? An A/A loop and a planted gain, through the real harness.
+
+    python benchmarks/decisions.py --budget 10 --aa 20 --naive 20 --tries 10 --out decisions.jsonl
+    python benchmarks/decisions.py --report decisions.jsonl
+
+Everything runs in a scratch repository (this checkout's train.py and prepare.py, the harness from this
+checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` exactly as an agent calls it:
+- A/A: a tag whose baseline runs as usual, then --aa experiments that each only add a comment to train.py, a
+  change that cannot matter. Every keep is a false keep. The naive rule (one run, kept when below the best single
+  run) is measured twice: replayed on the first runs of the same experiments, and run for real (--naive N, a
+  tag with `--decision naive`).
+- Planted gain: a base whose MATRIX_LR is 4x too small. First the gain is measured (3 runs of each, by hand);
+  then each of --tries tries is a fresh tag on the detuned base (its baseline: 3 runs) and the fix as the
+  candidate, with its own seeds. The fix should be kept.
+Each experiment is a JSON line (--out); the report gives false keeps, kept fixes and the runs each rule spent.
+Run it alone (2 cores): it trains all the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autoresearch import ledger  # noqa: E402
+
+TUNED = "MATRIX_LR = 0.04 if CPU"
+DETUNED = "MATRIX_LR = 0.01 if CPU"  # 4x too small, on the cpu profile
+RECORDS: list[dict] = []
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(args, cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def cli(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"autoresearch {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def scratch(tmp: Path, name: str, detune: bool) -> Path:
+    repo = tmp / name
+    repo.mkdir()
+    for name in ("train.py", "prepare.py", ".gitignore"):
+        shutil.copy(ROOT / name, repo / name)
+    if detune:
+        source = (repo / "train.py").read_text()
+        assert source.count(TUNED) == 1, "train.py's MATRIX_LR line changed: update TUNED"
+        (repo / "train.py").write_text(source.replace(TUNED, DETUNED))
+    sh(repo, "git", "init", "-q", "-b", "main")
+    sh(repo, "git", "add", "-A")
+    sh(repo, "git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "base")
+    return repo
+
+
+def tag_rows(repo: Path, tag: str) -> list[ledger.Row]:
+    return ledger.read(repo / "results.tsv", tag)
+
+
+def emit(out, record: dict) -> None:
+    record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    RECORDS.append(record)
+    print(json.dumps(record), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def experiment_record(kind: str, rule: str, rows_after: list, rows_before: int) -> dict:
+    mine = rows_after[rows_before:]
+    last = mine[-1]
+    return {"kind": kind, "rule": rule, "status": last.status, "runs": len(mine),
+            "first_val_bpb": mine[0].val_bpb, "values": [r.val_bpb for r in mine], "decision": last.decision,
+            "p_better": last.p_better, "mean": last.mean, "description": last.description}
+
+
+def aa(tmp: Path, env: dict, n: int, rule: str, out) -> None:
+    repo = scratch(tmp, f"aa-{rule}", detune=False)
+    tag = f"aa-{rule}"
+    cli(repo, env, "setup", "--tag", tag)
+    cli(repo, env, "run", "-m", "baseline", "--decision", rule)
+    emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, tag), 0))
+    for i in range(1, n + 1):
+        with open(repo / "train.py", "a") as f:
+            f.write(f"# A/A change {i}: a comment, which cannot matter\n")
+        before = len(tag_rows(repo, tag))
+        cli(repo, env, "run", "-m", f"A/A {i}", "--decision", rule)
+        emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before))
+
+
+def measure_gain(repo: Path, env: dict, seeds: int, out) -> None:
+    """val_bpb of the detuned base and of the fix, by hand (train.py sees the validation split then)."""
+    fixed = (repo / "train.py").read_text().replace(DETUNED, TUNED)
+    for name, source in (("detuned", (repo / "train.py").read_text()), ("fixed", fixed)):
+        work = repo.parent / f"gain-{name}"
+        work.mkdir()
+        for f in ("prepare.py",):
+            shutil.copy(repo / f, work / f)
+        (work / "train.py").write_text(source)
+        for seed in range(1, seeds + 1):
+            with tempfile.TemporaryDirectory() as run_dir:
+                run_env = dict(env, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=run_dir)
+                subprocess.run([sys.executable, "train.py"], cwd=work, env=run_env, capture_output=True, check=True)
+                result = json.loads((Path(run_dir) / "result.json").read_text())
+            emit(out, {"kind": "gain", "config": name, "seed": seed, "val_bpb": result["val_bpb"],
+                       "steps": result["num_steps"]})
+
+
+def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, out) -> None:
+    repo = scratch(tmp, "planted", detune=True)
+    if gain_seeds:
+        measure_gain(repo, env, gain_seeds, out)
+    for k in range(1, tries + 1):
+        sh(repo, "git", "checkout", "-q", "main")
+        tag = f"try{k}"
+        cli(repo, env, "setup", "--tag", tag)
+        seed = str(1000 * k)
+        cli(repo, env, "run", "-m", "baseline (detuned)", "--seed", seed)
+        before = len(tag_rows(repo, tag))
+        source = (repo / "train.py").read_text()
+        (repo / "train.py").write_text(source.replace(DETUNED, TUNED))
+        cli(repo, env, "run", "-m", "fix MATRIX_LR (4x too small)", "--seed", seed)
+        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k})
+
+
+def naive_replay(first_values: list[float]) -> int:
+    """Keeps the naive rule makes on this sequence of single runs (the first is the baseline)."""
+    best, keeps = first_values[0], 0
+    for v in first_values[1:]:
+        if v < best:
+            best, keeps = v, keeps + 1
+    return keeps
+
+
+def report(records: list[dict]) -> str:
+    lines = []
+    for rule in ("stat", "naive"):
+        exps = [r for r in records if r["kind"] == "aa" and r["rule"] == rule]
+        if not exps:
+            continue
+        base = next(r for r in records if r["kind"] == "aa-baseline" and r["rule"] == rule)
+        keeps = sum(r["status"] == "keep" for r in exps)
+        runs = sum(r["runs"] for r in exps)
+        lines.append(f"A/A, {rule} rule: {keeps} false keeps in {len(exps)} experiments ({100 * keeps / len(exps):.0f}%), "
+                     f"{runs} runs ({runs / len(exps):.2f} per experiment) plus {base['runs']} for the baseline")
+        if rule == "stat":
+            replay = naive_replay([base["values"][0]] + [r["first_val_bpb"] for r in exps])
+            lines.append(f"A/A, naive rule replayed on the same experiments' first runs: {replay} false keeps in "
+                         f"{len(exps)} ({100 * replay / len(exps):.0f}%), 1 run per experiment")
+            values = [v for r in exps for v in r["values"]] + base["values"]
+            lines.append(f"A/A runs: {len(values)}, val_bpb mean {statistics.mean(values):.4f}, std "
+                         f"{statistics.stdev(values):.4f} (one run's noise at this budget)")
+    gain = [r for r in records if r["kind"] == "gain"]
+    if gain:
+        means = {}
+        for name in ("detuned", "fixed"):
+            vs = [r["val_bpb"] for r in gain if r["config"] == name]
+            means[name] = statistics.mean(vs)
+            sem = statistics.stdev(vs) / len(vs) ** 0.5 if len(vs) > 1 else float("nan")
+            lines.append(f"planted gain, {name}: val_bpb {means[name]:.4f} +- {sem:.4f} "
+                         f"(mean +- sem of {len(vs)} runs: {', '.join(f'{v:.4f}' for v in vs)})")
+        lines.append(f"planted gain: {means['detuned'] - means['fixed']:+.4f} val_bpb")
+    tries = [r for r in records if r["kind"] == "planted"]
+    if tries:
+        kept = sum(r["status"] == "keep" for r in tries)
+        runs = sum(r["runs"] for r in tries)
+        lines.append(f"planted gain, stat rule: kept in {kept} of {len(tries)} tries ({100 * kept / len(tries):.0f}%), "
+                     f"{runs / len(tries):.2f} runs per candidate (plus 3 for each try's baseline); decisions: "
+                     + "; ".join(f"{r['status']} ({r['decision']})" for r in tries))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", default="10", help="seconds of training per run (AUTORESEARCH_TIME_BUDGET)")
+    parser.add_argument("--aa", type=int, default=20, help="A/A experiments under the stat rule")
+    parser.add_argument("--naive", type=int, default=0, help="A/A experiments under the naive rule, run for real")
+    parser.add_argument("--tries", type=int, default=10, help="planted-gain tries")
+    parser.add_argument("--gain-seeds", type=int, default=3, help="runs of each side to measure the planted gain")
+    parser.add_argument("--out", help="append every experiment as a JSON line here")
+    parser.add_argument("--report", help="only print the report of this JSON-lines file")
+    parser.add_argument("--keep", help="keep the scratch repositories in this directory")
+    args = parser.parse_args()
+    if args.report:
+        print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
+        return
+    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(args.budget), PYTHONPATH=str(ROOT))
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="decisions-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = args.out
+    start = time.time()
+    try:
+        if args.aa:
+            aa(tmp, env, args.aa, "stat", out)
+        if args.tries:
+            planted(tmp, env, args.tries, args.gain_seeds, out)
+        if args.naive:
+            aa(tmp, env, args.naive, "naive", out)
+    finally:
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(report(RECORDS))
+    print(f"took {(time.time() - start) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
