@@ -49,12 +49,14 @@ def command_for(spec: str) -> list[str]:
 
 
 def build_prompt(repo: Path, tag: str, last_outcome=None) -> str:
+    from autoresearch import report
     rows = ledger.read(repo / "results.tsv", tag)
-    best = ledger.best(rows)
     lines = [(repo / "program.md").read_text() if (repo / "program.md").exists() else "", LOOP_NOTE,
-             "## Results so far (results.tsv, newest last)", "commit\tval_bpb\tmemory_gb\tstatus\tdescription"]
-    lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{r.memory_gb:.1f}\t{r.status}\t{r.description}" for r in rows[-40:]]
-    lines.append(f"\nBest val_bpb so far: {best.val_bpb:.6f} ({best.description})" if best else "\nNo result yet.")
+             "## Results so far (results.tsv, newest last; mean: the configuration's mean over its runs so far)",
+             "commit\tval_bpb\tmean\tmemory_gb\tstatus\tdescription"]
+    lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{'' if r.mean is None else f'{r.mean:.6f}'}\t{r.memory_gb:.1f}\t"
+              f"{r.status}\t{r.description}" for r in rows[-40:]]
+    lines.append("\n" + report.champion_text(rows, report.configurations(rows, repo)))
     if last_outcome is not None and last_outcome.row.status == "crash":
         lines += ["\n## The last experiment crashed; the end of its log:", last_outcome.log_tail]
     return "\n".join(lines)

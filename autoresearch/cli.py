@@ -20,21 +20,6 @@ DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats
                  "single run (the public project's rule)")
 
 
-def champion_line(rows) -> str:
-    """The champion as mean +- sem over its runs, and the tag's noise."""
-    from autoresearch import decide
-    champ = decide.champion(rows)
-    if champ is None:
-        return "champion: none yet"
-    values = decide.samples(rows)
-    mine = values.get(champ.config or champ.commit, [])
-    noise = decide.pooled_noise(values)
-    spread = f" +- {decide.sem(mine, noise):.6f}" if noise else ""
-    noise_text = f" | noise {noise.sigma:.4f} per run ({noise.df} repeats)" if noise else " | noise: no repeats yet"
-    return (f"champion: val_bpb {sum(mine) / len(mine):.6f}{spread} over {len(mine)} run(s) at {champ.commit} "
-            f"({decide.base_description(champ.description)}){noise_text}")
-
-
 def _status(repo: Path) -> str:
     """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
     from autoresearch import git, ledger, lock, run
@@ -43,10 +28,10 @@ def _status(repo: Path) -> str:
     damaged = []
     rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    from autoresearch import decide, machine
+    from autoresearch import machine, report
     hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
     lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s on the {config['clock']} clock | "
-             f"fingerprint {config['fingerprint'][:12]}{hw}", champion_line(rows),
+             f"fingerprint {config['fingerprint'][:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
              "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}"

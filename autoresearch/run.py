@@ -602,6 +602,7 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             pending["processes"].append(lock.identity(pid) or [pid, 0.0])
             _atomic_json(pending_path, pending)
             fault_point("evaluating")
+            fault_point(f"evaluating-run-{series.runs + 1 if series else 1}")  # the n-th run of a series
 
         # the held-out test split is scored for a possible new best: below the best single run (naive) or the
         # champion's mean (stat)

@@ -5,12 +5,14 @@
 A clone of this repository runs `autoresearch loop` (built-in proposer, sandbox off so that orphans are
 possible) on the prepared data in AUTORESEARCH_CACHE. Each round kills the harness with SIGKILL, either at a
 named moment (AUTORESEARCH_KILL_AT: right after pending.json is written, after the commit, while evaluating,
-before and after the row is written, after the reset) or after a random delay (during the proposal,
+before and after the row is written, after the reset, while evaluating the second run of a series) or after a random delay (during the proposal,
 training, export or evaluation), then restarts it (`autoresearch loop --max-experiments 0`: recovery only)
 and checks:
 - no row lost: every experiment that started (a run directory or a pending.json) has exactly one row;
 - no row written twice, no torn row: every line of results.tsv parses, run ids are unique;
-- the branch is on the last kept commit, and every kept commit is on the branch;
+- the branch is on the last kept commit (on the candidate while its confirmation series is open), and every
+  kept commit is on the branch;
+- no run counted twice: each row's n is the number of finished runs of its configuration up to it;
 - no orphaned process is left: no training, and no evaluator.
 Run it alone (2 cores): it trains all the time.
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ["pending-written", "committed", "evaluating", "recording", "recorded", "reset"]
+PHASES = ["pending-written", "committed", "evaluating", "recording", "recorded", "reset", "evaluating-run-2"]
 
 
 def git(repo: Path, *args: str) -> str:
@@ -62,7 +64,7 @@ def orphans(repo: Path) -> list[int]:
 def check(repo: Path) -> list[str]:
     """Violations of the invariants, after recovery."""
     sys.path.insert(0, str(ROOT))
-    from autoresearch import ledger
+    from autoresearch import decide, ledger
 
     problems = []
     path = repo / "results.tsv"
@@ -87,9 +89,18 @@ def check(repo: Path) -> list[str]:
         problems.append("pending.json left after recovery")
     config = json.loads((repo / ".autoresearch" / "tags" / "faults.json").read_text())
     kept = [r for r in rows if r.status == "keep"]
-    expected = git(repo, "rev-parse", kept[-1].commit) if kept else config["base_commit"]
+    series = decide.open_series(rows)
+    if series is not None and series.kind == "candidate":
+        expected = git(repo, "rev-parse", series.commit)
+    else:
+        expected = git(repo, "rev-parse", kept[-1].commit) if kept else config["base_commit"]
     if git(repo, "rev-parse", "HEAD") != expected:
-        problems.append(f"HEAD {git(repo, 'rev-parse', '--short', 'HEAD')} is not the last kept commit {expected[:7]}")
+        problems.append(f"HEAD {git(repo, 'rev-parse', '--short', 'HEAD')} is not where it belongs {expected[:7]}")
+    finished: dict[str, int] = {}
+    for r in decide.finished(rows):
+        finished[r.config] = finished.get(r.config, 0) + 1
+        if r.n != finished[r.config]:
+            problems.append(f"run {r.run_id} says n={r.n}, but it is run {finished[r.config]} of its configuration")
     for r in kept:
         if subprocess.run(["git", "merge-base", "--is-ancestor", r.commit, "HEAD"], cwd=repo).returncode != 0:
             problems.append(f"kept commit {r.commit} is not on the branch")

@@ -5,6 +5,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -191,6 +193,16 @@ def test_an_old_or_foreign_ledger_names_the_fix(tmp_path):
         ledger.read(path)
 
 
+def test_a_ledger_of_the_previous_layout_is_read_but_never_extended(tmp_path):
+    path = tmp_path / "results.tsv"
+    row = ledger.Row("abc1234", 1.5, 0.2, "keep", "base", "t", "r1", "now", 300, 10, 301.0, "f" * 12, 42, "bwrap")
+    path.write_text("\t".join(ledger.COLUMNS[:14]) + "\n" + "\t".join(row.to_line().split("\t")[:14]) + "\n")
+    with pytest.raises(ledger.LedgerError, match="written by autoresearch 0.2.*mv results.tsv results.tsv.old"):
+        ledger.append(path, row)
+    [old] = ledger.read(path, old_ok=True)  # what `autoresearch report --results results.tsv.old` reads
+    assert (old.commit, old.val_bpb, old.protection, old.config, old.mean) == ("abc1234", 1.5, "bwrap", "", None)
+
+
 def ledger_with_a_row(tmp_path):
     path = tmp_path / "results.tsv"
     ledger.create(path)
@@ -256,3 +268,36 @@ def test_a_train_py_that_prints_gigabytes_gets_a_capped_log(repo, env, monkeypat
     assert outcome.row.status == "crash" and "exit status 3" in outcome.row.description
     assert len(log) < 3 * (64 << 10) and log.startswith(b"FIRST LINE") and log.rstrip().endswith(b"LAST LINE")
     assert b"bytes of output dropped here" in log  # 20 MB printed, ~130 KB kept
+
+
+# --- the decision rule's inputs: clocks and a busy machine -------------------------------------------------
+
+
+def test_an_unknown_budget_clock_is_a_clear_error(repo, env):
+    out = cli(repo, "setup", "--tag", "c", env=dict(env, AUTORESEARCH_BUDGET_CLOCK="sundial"))
+    assert out.returncode == 2 and "AUTORESEARCH_BUDGET_CLOCK='sundial': use wall" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_run_under_another_clock_than_its_tag_is_refused_and_recorded(repo, env):
+    assert cli(repo, "setup", "--tag", "w", env=env).returncode == 0
+    out = cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_BUDGET_CLOCK="cpu"))
+    assert out.returncode == 2 and "this tag runs on the wall clock" in out.stderr
+    [row] = ledger.read(repo / "results.tsv")
+    assert row.status == "refused" and row.clock == "wall"
+
+
+def test_a_busy_machine_is_waited_for_then_named(repo, env):
+    assert cli(repo, "setup", "--tag", "busy", env=env).returncode == 0
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_LOAD_WAIT="1"))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "other processes keep" in out.stderr and f"pid {hog.pid}" in out.stderr
+    assert "AUTORESEARCH_BUDGET_CLOCK=cpu" in out.stderr
+    assert ledger.read(repo / "results.tsv") == []  # nothing ran, nothing to record
+    out = cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_LOAD_WAIT="soon"))
+    assert out.returncode == 2 and "AUTORESEARCH_LOAD_WAIT='soon' is not a number" in out.stderr

@@ -26,27 +26,71 @@ def test_p_better_by_hand():
     assert p_better([1.0], [1.0], Noise(0.0, 3)) == 0.5 and p_better([0.9], [1.0], Noise(0.0, 3)) == 1.0
 
 
-def test_a_clear_win_is_kept_after_one_run():
-    assert decide([1.60], [1.65, 1.66, 1.64], Noise(0.005, 8)) == "keep"
+def test_a_clear_win_is_confirmed_once_then_kept():
+    champion, noise = [1.65, 1.66, 1.64], Noise(0.005, 8)
+    first = decide([1.60], champion, noise)
+    assert first.status == "confirm"  # never kept on one run, however lucky
+    second = decide([1.60, 1.605], champion, noise)
+    assert second.status == "keep" and second.p > 0.999
 
 
 def test_a_clear_loss_is_discarded_after_one_run():
-    assert decide([1.70], [1.65, 1.66, 1.64], Noise(0.005, 8)) == "discard"
+    verdict = decide([1.70], [1.65, 1.66, 1.64], Noise(0.005, 8))
+    assert verdict.status == "discard" and "sigma worse after one run" in verdict.reason
+
+
+def test_a_slight_loss_within_the_margin_gets_a_second_run_and_is_then_discarded():
+    champion, noise = [1.650, 1.650, 1.650], Noise(0.01, 8)
+    assert decide([1.654], champion, noise).status == "confirm"  # 0.4 sigma worse: inside DISCARD_MARGIN 0.5
+    verdict = decide([1.654, 1.652], champion, noise)
+    assert verdict.status == "discard" and verdict.p < 0.5
 
 
 def test_a_tie_gets_confirmation_runs_and_is_rejected_at_the_cap():
     champion, noise = [1.650, 1.652, 1.648], Noise(0.01, 8)
-    runs = [1.651]
-    while (verdict := decide(runs, champion, noise, max_runs=4)) == "confirm":
-        runs.append([1.649, 1.650, 1.652][len(runs) - 1])
-    assert verdict == "discard" and len(runs) == 4
+    runs = [1.649]
+    while (verdict := decide(runs, champion, noise, max_runs=4)).status == "confirm":
+        runs.append([1.6495, 1.6492, 1.6494][len(runs) - 1])  # a hair better each time, never sure
+    assert verdict.status == "discard" and len(runs) == 4 and "undecided after 4 runs" in verdict.reason
+    assert 0.5 <= verdict.p < 0.98
 
 
 def test_a_small_real_gain_is_kept_once_the_repeats_make_it_sure():
-    # 0.010 better with sigma 0.006: one run gives t = 0.010 / 0.00693 = 1.44, P = 0.91 (not sure yet); three
-    # give t = 0.010 / 0.00490 = 2.04, P = 0.968 (12 degrees of freedom): kept
-    champion, noise = [1.650, 1.652, 1.648], Noise(0.006, 12)
-    runs = [1.640]
-    assert decide(runs, champion, noise) == "confirm"
-    runs += [1.639, 1.641]
-    assert decide(runs, champion, noise) == "keep"
+    # 0.010 better with sigma 0.006: two runs give t = 0.010 / (0.006 sqrt(1/2 + 1/3)) = 1.826, P = 0.954
+    # (12 degrees of freedom): not sure yet; four give t = 0.010 / 0.00458 = 2.182, P = 0.9751... still below
+    # 0.98; at sigma 0.005 four runs give t = 2.619, P = 0.9888: kept
+    champion = [1.650, 1.652, 1.648]
+    assert decide([1.640, 1.640], champion, Noise(0.006, 12)).p == pytest.approx(0.9537, abs=1e-3)
+    assert decide([1.640, 1.640], champion, Noise(0.006, 12)).status == "confirm"
+    assert decide([1.640] * 4, champion, Noise(0.006, 12)).status == "discard"
+    kept = decide([1.640] * 4, champion, Noise(0.005, 12))
+    assert kept.status == "keep" and kept.p == pytest.approx(0.9888, abs=1e-3)
+
+
+def test_no_noise_estimate_means_another_run():
+    assert decide([1.0], [1.1], None).status == "confirm"
+    assert decide([1.0] * 4, [1.1], None).status == "discard"
+
+
+# --- the series state, read back from ledger rows -----------------------------------------------------------
+
+def _row(status, value, config, decision="", description="d"):
+    from autoresearch.ledger import Row
+    return Row("c" + config, value, 0.1, status, description, "t", "r", "now", 300, 10, 10.0, "f", 0,
+               config=config, decision=decision)
+
+
+def test_open_series_from_the_ledger():
+    from autoresearch.decide import open_series
+    base = [_row("keep", 1.6, "a", "baseline 1/3", "baseline")]
+    assert open_series(base).kind == "baseline" and open_series(base).runs == 1
+    three = base + [_row("keep", 1.61, "a", "baseline 2/3"), _row("keep", 1.62, "a", "baseline 3/3")]
+    assert open_series(three) is None
+    confirming = three + [_row("confirm", 1.59, "b", "P 0.7 after one run", "try b")]
+    series = open_series(confirming)
+    assert (series.kind, series.config, series.runs, series.description) == ("candidate", "b", 1, "try b")
+    # a killed harness (interrupted) and a refusal leave it open; the candidate's own crash closes it
+    interrupted = confirming + [_row("crash", 0.0, "b", "interrupted"), _row("refused", 0.0, "b")]
+    assert open_series(interrupted).runs == 1
+    assert open_series(interrupted + [_row("crash", 0.0, "b")]) is None
+    assert open_series(confirming + [_row("discard", 1.7, "b", "P 0.1 < 0.5 after 2 runs")]) is None

@@ -37,9 +37,9 @@ def test_keep_discard_crash_and_status(repo, env):
 
     base = cli(repo, "run", "-m", "baseline", env=env)
     assert base.returncode == 0, base.stdout + base.stderr
-    assert base.stdout.startswith("keep: val_bpb=")
+    assert base.stdout.startswith("keep: val_bpb=") and base.stdout.count("| baseline ") == 3  # 3 runs, 3 seeds
     kept = head(repo)
-    assert [r.status for r in rows(repo)] == ["keep"] and rows(repo)[0].commit == kept[:7]
+    assert [r.status for r in rows(repo)] == ["keep"] * 3 and {r.commit for r in rows(repo)} == {kept[:7]}
     assert re.search(r"val_bpb=\d\.\d{4}", (repo / "run.log").read_text())
 
     # a worse change: nothing learns with every learning rate at zero
@@ -58,11 +58,13 @@ def test_keep_discard_crash_and_status(repo, env):
     assert head(repo) == kept and (repo / "train.py").read_text() == original
 
     statuses = [r.status for r in rows(repo)]
-    assert statuses == ["keep", "discard", "crash"]
+    assert statuses == ["keep", "keep", "keep", "discard", "crash"]  # all-zero rates: discarded after one run
+    assert "sigma worse after one run" in rows(repo)[3].decision
     crash = rows(repo)[-1]
     assert crash.val_bpb == 0.0 and crash.memory_gb == 0.0 and "exit status 1" in crash.description
     status = cli(repo, "status", env=env)
-    assert "1 keep, 1 discard, 1 crash" in status.stdout and rows(repo)[0].commit in status.stdout
+    assert "3 keep, 1 discard, 0 confirm, 1 crash" in status.stdout and rows(repo)[0].commit in status.stdout
+    assert "champion: val_bpb " in status.stdout and "over 3 run(s)" in status.stdout
     # results.tsv is never committed: git does not see it
     assert "results.tsv" not in sh(repo, "git", "status", "--porcelain", "--ignored=no")
 
@@ -190,7 +192,7 @@ def test_sigkill_of_the_harness_mid_run_is_recovered_by_the_next_command_not_by_
 def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refused(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="8")
     loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "busy", "--max-experiments",
-                             "1"], cwd=repo, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "1", "--decision", "naive"], cwd=repo, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for_training(repo)
     for _ in range(3):
         out = cli(repo, "status", env=slow)

@@ -90,7 +90,7 @@ def own_cache(small_cache, tmp_path, env):
 def test_an_honest_run_is_kept_with_the_harness_number(repo, env):
     assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
     (repo / "train.py").write_text(attack())
-    out = cli(repo, "run", "-m", "honest bigram", "--sandbox", "off", env=env)
+    out = cli(repo, "run", "-m", "honest bigram", "--sandbox", "off", "--decision", "naive", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     [row] = rows(repo)
     evaluation = json.loads(next((repo / ".autoresearch" / "runs").glob("*/evaluation.json")).read_text())

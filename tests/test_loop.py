@@ -70,21 +70,26 @@ def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, 
 
 
 def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
+    from autoresearch import decide
     out = cli(repo, "loop", "--tag", "night", "--max-experiments", "3", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     first = rows(repo)
-    assert len(first) == 3 and first[0].description == "baseline" and first[0].status == "keep"
-    assert all(" -> " in r.description for r in first[1:])
+    assert [r.description for r in first[:3]] == ["baseline", "baseline [run 2]", "baseline [run 3]"]
+    assert all(r.status == "keep" for r in first[:3])
+    configs = list(dict.fromkeys(r.config for r in first))
+    assert len(configs) == 3  # three experiments: the baseline and two proposals, each one to four runs
+    assert all(" -> " in r.description for r in first[3:])
+    for config in configs:  # each series ends decided
+        assert [r for r in first if r.config == config][-1].status in ("keep", "discard")
     # restart: the same tag continues with its history, no proposal repeats
     out = cli(repo, "loop", "--max-experiments", "2", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     all_rows = rows(repo)
-    assert len(all_rows) == 5 and sum(r.description == "baseline" for r in all_rows) == 1
-    assert len({r.description for r in all_rows}) == 5
+    assert len({r.config for r in all_rows}) == 5 and sum(r.description == "baseline" for r in all_rows) == 1
+    assert len({decide.base_description(r.description) for r in all_rows}) == 5
+    assert decide.open_series(all_rows) is None  # every experiment decided
     ast.parse((repo / "train.py").read_text())
-    best = ledger.best(all_rows)
     assert sh(repo, "git", "rev-parse", "--short=7", "HEAD") == [r for r in all_rows if r.status == "keep"][-1].commit
-    assert best is not None
 
 
 AGENT = textwrap.dedent('''
@@ -104,7 +109,8 @@ AGENT = textwrap.dedent('''
 def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
     agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
-    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", env=env, timeout=600)
+    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", "--decision", "naive",
+              env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     baseline, change = rows(repo)
     assert baseline.description == "baseline"
@@ -139,11 +145,12 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10000
-    assert "baseline val_bpb 2.100000 -> best 2.000000" in proc.stdout and "4.76% better" in proc.stdout
+    assert "baseline val_bpb 2.100000 -> champion 2.000000 at c000004" in proc.stdout and "4.76% better" in proc.stdout
     assert "3 keep, 1 discard, 1 crash" in proc.stdout
-    kept_lines = [l.strip() for l in proc.stdout.splitlines() if l.startswith("  c")]
-    assert [l.split()[:3] for l in kept_lines] == [["c000000", "2.100000", "2.120000"], ["c000002", "2.050000", "2.090000"],
-                                                   ["c000004", "2.000000", "2.070000"]]
+    kept_lines = [l.split() for l in proc.stdout.splitlines() if l.startswith("  c")]
+    assert [(l[0], l[1], l[4]) for l in kept_lines] == [("c000000", "2.100000", "2.120000"),
+                                                        ("c000002", "2.050000", "2.090000"),
+                                                        ("c000004", "2.000000", "2.070000")]
     assert "held-out test_bpb 2.120000 -> 2.070000 (+0.050000)" in proc.stdout
 
 
