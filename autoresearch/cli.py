@@ -35,7 +35,7 @@ def _status(repo: Path) -> str:
              "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}"
-                     + (f"  ({r.decision})" if r.decision else ""))
+                     + (f"  ({r.decision})" if r.decision and r.decision != "interrupted" else ""))
     pending = run.read_pending(repo)
     if pending is not None:
         if lock.is_held(run.state_dir(repo)):

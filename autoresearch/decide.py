@@ -16,7 +16,7 @@ The rule (run.py applies it after every run; the numbers behind its constants ar
   the new champion and the branch holds it), P(better) < P_CONTINUE (discard: its mean is no better), or
   MAX_RUNS runs (discard: undecided).
 P_KEEP is 0.98 rather than 0.95 because the rule looks up to three times, with a noise estimate that is still
-thin: simulated, 0.95 keeps 7.8% of changes that do nothing, 0.98 keeps 3.1% (benchmarks/decide_sim.py).
+thin: simulated, 0.95 keeps 7.8% of changes that do nothing, 0.98 keeps 3.6% (benchmarks/decide_sim.py).
 The champion is the configuration of the last keep: the one with the best mean, never the luckiest single run.
 """
 

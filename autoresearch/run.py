@@ -5,7 +5,10 @@ State lives in three places, each safe against a kill at any moment:
 - .autoresearch/tags/<tag>.json: written once by setup (fingerprint, budget, base commit);
 - .autoresearch/pending.json: written before a run starts and removed after its row is recorded. Finding it
   later means the harness died mid-run: recover() records the crash (unless the row made it) and puts the
-  branch back on the last kept commit.
+  branch back on the last kept commit, or on the candidate whose confirmation series is still open.
+
+An experiment is a series of runs of one train.py (decide.py says how many); each run is one row, and what
+series is open is read from the ledger alone, so a kill between any two runs loses nothing.
 """
 
 from __future__ import annotations

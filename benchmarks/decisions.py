@@ -9,9 +9,10 @@ checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` ex
   change that cannot matter. Every keep is a false keep. The naive rule (one run, kept when below the best single
   run) is measured twice: replayed on the first runs of the same experiments, and run for real (--naive N, a
   tag with `--decision naive`).
-- Planted gain: a base whose MATRIX_LR is 4x too small. First the gain is measured (3 runs of each, by hand);
-  then each of --tries tries is a fresh tag on the detuned base (its baseline: 3 runs) and the fix as the
-  candidate, with its own seeds. The fix should be kept.
+- Planted gain: a base with one constant detuned (--detune, default UNEMBEDDING_LR=0.001: the cpu default
+  0.004, 4x too small). First the gain is measured (3 runs of each, by hand); then each of --tries tries is a
+  fresh tag on the detuned base (its baseline: 3 runs) and the fix (the default value back) as the candidate,
+  with its own seeds. The fix should be kept.
 Each experiment is a JSON line (--out); the report gives false keeps, kept fixes and the runs each rule spent.
 Run it alone (2 cores): it trains all the time.
 """
@@ -33,9 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch import ledger  # noqa: E402
+from autoresearch.edit import read_constants, set_constants  # noqa: E402
 
-TUNED = "MATRIX_LR = 0.04 if CPU"
-DETUNED = "MATRIX_LR = 0.01 if CPU"  # 4x too small, on the cpu profile
 RECORDS: list[dict] = []
 
 
@@ -51,15 +51,21 @@ def cli(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def scratch(tmp: Path, name: str, detune: bool) -> Path:
+def detuned_and_fixed(source: str, detune: str) -> tuple[str, str, str]:
+    """(detuned train.py, fixed train.py, the fix's description) for NAME=VALUE on the cpu profile."""
+    name, value = detune.split("=", 1)
+    value = type(read_constants(source, "cpu")[name])(value)
+    default = read_constants(source, "cpu")[name]
+    return set_constants(source, {name: value}, "cpu"), source, f"fix {name} {value!r} -> {default!r}"
+
+
+def scratch(tmp: Path, name: str, detune: str | None) -> Path:
     repo = tmp / name
     repo.mkdir()
     for name in ("train.py", "prepare.py", ".gitignore"):
         shutil.copy(ROOT / name, repo / name)
     if detune:
-        source = (repo / "train.py").read_text()
-        assert source.count(TUNED) == 1, "train.py's MATRIX_LR line changed: update TUNED"
-        (repo / "train.py").write_text(source.replace(TUNED, DETUNED))
+        (repo / "train.py").write_text(detuned_and_fixed((repo / "train.py").read_text(), detune)[0])
     sh(repo, "git", "init", "-q", "-b", "main")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "base")
@@ -88,7 +94,7 @@ def experiment_record(kind: str, rule: str, rows_after: list, rows_before: int) 
 
 
 def aa(tmp: Path, env: dict, n: int, rule: str, out) -> None:
-    repo = scratch(tmp, f"aa-{rule}", detune=False)
+    repo = scratch(tmp, f"aa-{rule}", detune=None)
     tag = f"aa-{rule}"
     cli(repo, env, "setup", "--tag", tag)
     cli(repo, env, "run", "-m", "baseline", "--decision", rule)
@@ -101,9 +107,8 @@ def aa(tmp: Path, env: dict, n: int, rule: str, out) -> None:
         emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before))
 
 
-def measure_gain(repo: Path, env: dict, seeds: int, out) -> None:
+def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out) -> None:
     """val_bpb of the detuned base and of the fix, by hand (train.py sees the validation split then)."""
-    fixed = (repo / "train.py").read_text().replace(DETUNED, TUNED)
     for name, source in (("detuned", (repo / "train.py").read_text()), ("fixed", fixed)):
         work = repo.parent / f"gain-{name}"
         work.mkdir()
@@ -115,14 +120,15 @@ def measure_gain(repo: Path, env: dict, seeds: int, out) -> None:
                 run_env = dict(env, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=run_dir)
                 subprocess.run([sys.executable, "train.py"], cwd=work, env=run_env, capture_output=True, check=True)
                 result = json.loads((Path(run_dir) / "result.json").read_text())
-            emit(out, {"kind": "gain", "config": name, "seed": seed, "val_bpb": result["val_bpb"],
+            emit(out, {"kind": "gain", "detune": detune, "config": name, "seed": seed, "val_bpb": result["val_bpb"],
                        "steps": result["num_steps"]})
 
 
-def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, out) -> None:
-    repo = scratch(tmp, "planted", detune=True)
+def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, out) -> None:
+    repo = scratch(tmp, "planted", detune=detune)
+    _, fixed, fix_description = detuned_and_fixed((ROOT / "train.py").read_text(), detune)
     if gain_seeds:
-        measure_gain(repo, env, gain_seeds, out)
+        measure_gain(repo, env, gain_seeds, fixed, detune, out)
     for k in range(1, tries + 1):
         sh(repo, "git", "checkout", "-q", "main")
         tag = f"try{k}"
@@ -130,10 +136,9 @@ def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, out) -> None:
         seed = str(1000 * k)
         cli(repo, env, "run", "-m", "baseline (detuned)", "--seed", seed)
         before = len(tag_rows(repo, tag))
-        source = (repo / "train.py").read_text()
-        (repo / "train.py").write_text(source.replace(DETUNED, TUNED))
-        cli(repo, env, "run", "-m", "fix MATRIX_LR (4x too small)", "--seed", seed)
-        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k})
+        (repo / "train.py").write_text(fixed)
+        cli(repo, env, "run", "-m", fix_description, "--seed", seed)
+        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k, "detune": detune})
 
 
 def naive_replay(first_values: list[float]) -> int:
@@ -163,23 +168,24 @@ def report(records: list[dict]) -> str:
             values = [v for r in exps for v in r["values"]] + base["values"]
             lines.append(f"A/A runs: {len(values)}, val_bpb mean {statistics.mean(values):.4f}, std "
                          f"{statistics.stdev(values):.4f} (one run's noise at this budget)")
-    gain = [r for r in records if r["kind"] == "gain"]
-    if gain:
-        means = {}
-        for name in ("detuned", "fixed"):
-            vs = [r["val_bpb"] for r in gain if r["config"] == name]
-            means[name] = statistics.mean(vs)
-            sem = statistics.stdev(vs) / len(vs) ** 0.5 if len(vs) > 1 else float("nan")
-            lines.append(f"planted gain, {name}: val_bpb {means[name]:.4f} +- {sem:.4f} "
-                         f"(mean +- sem of {len(vs)} runs: {', '.join(f'{v:.4f}' for v in vs)})")
-        lines.append(f"planted gain: {means['detuned'] - means['fixed']:+.4f} val_bpb")
-    tries = [r for r in records if r["kind"] == "planted"]
-    if tries:
-        kept = sum(r["status"] == "keep" for r in tries)
-        runs = sum(r["runs"] for r in tries)
-        lines.append(f"planted gain, stat rule: kept in {kept} of {len(tries)} tries ({100 * kept / len(tries):.0f}%), "
-                     f"{runs / len(tries):.2f} runs per candidate (plus 3 for each try's baseline); decisions: "
-                     + "; ".join(f"{r['status']} ({r['decision']})" for r in tries))
+    for detune in dict.fromkeys(r.get("detune") for r in records if r["kind"] in ("gain", "planted")):
+        gain = [r for r in records if r["kind"] == "gain" and r.get("detune") == detune]
+        if gain:
+            means = {}
+            for name in ("detuned", "fixed"):
+                vs = [r["val_bpb"] for r in gain if r["config"] == name]
+                means[name] = statistics.mean(vs)
+                sem = statistics.stdev(vs) / len(vs) ** 0.5 if len(vs) > 1 else float("nan")
+                lines.append(f"planted gain ({detune}), {name}: val_bpb {means[name]:.4f} +- {sem:.4f} "
+                             f"(mean +- sem of {len(vs)} runs: {', '.join(f'{v:.4f}' for v in vs)})")
+            lines.append(f"planted gain ({detune}): {means['detuned'] - means['fixed']:+.4f} val_bpb")
+        tries = [r for r in records if r["kind"] == "planted" and r.get("detune") == detune]
+        if tries:
+            kept = sum(r["status"] == "keep" for r in tries)
+            runs = sum(r["runs"] for r in tries)
+            lines.append(f"planted gain ({detune}), stat rule: kept in {kept} of {len(tries)} tries "
+                         f"({100 * kept / len(tries):.0f}%), {runs / len(tries):.2f} runs per candidate (plus 3 for "
+                         "each try's baseline); decisions: " + "; ".join(f"{r['status']} ({r['decision']})" for r in tries))
     return "\n".join(lines)
 
 
@@ -190,6 +196,7 @@ def main() -> None:
     parser.add_argument("--naive", type=int, default=0, help="A/A experiments under the naive rule, run for real")
     parser.add_argument("--tries", type=int, default=10, help="planted-gain tries")
     parser.add_argument("--gain-seeds", type=int, default=3, help="runs of each side to measure the planted gain")
+    parser.add_argument("--detune", default="UNEMBEDDING_LR=0.001", help="the planted gain's detuned constant")
     parser.add_argument("--out", help="append every experiment as a JSON line here")
     parser.add_argument("--report", help="only print the report of this JSON-lines file")
     parser.add_argument("--keep", help="keep the scratch repositories in this directory")
@@ -206,7 +213,7 @@ def main() -> None:
         if args.aa:
             aa(tmp, env, args.aa, "stat", out)
         if args.tries:
-            planted(tmp, env, args.tries, args.gain_seeds, out)
+            planted(tmp, env, args.tries, args.gain_seeds, args.detune, out)
         if args.naive:
             aa(tmp, env, args.naive, "naive", out)
     finally:

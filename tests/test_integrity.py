@@ -259,7 +259,7 @@ def test_the_sandbox_stops_every_change_to_the_harness_state(repo, env, bwrap_or
     assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
     state = _harness_state(repo)
     (repo / "train.py").write_text(attack(prelude=prelude))
-    out = cli(repo, "run", "-m", "tamper in the sandbox", "--sandbox", "on", env=env)
+    out = cli(repo, "run", "-m", "tamper in the sandbox", "--sandbox", "on", "--decision", "naive", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     [row] = ledger.read(repo / "results.tsv")
     assert row.status == "keep" and row.protection == "bwrap"  # nothing got through, so nothing to refuse
