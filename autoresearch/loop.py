@@ -51,8 +51,13 @@ class Progress:
     """A progress bar over the running experiment's budget."""
 
     def __init__(self, budget: float, label: str):
+        self.budget, self.label = budget, label
+        self.restart()
+
+    def restart(self):
+        """A fresh bar for the next run of the experiment (a repeat)."""
         from tqdm import tqdm
-        self.bar = tqdm(total=round(budget), desc=label[:40], unit="s", leave=False,
+        self.bar = tqdm(total=round(self.budget), desc=self.label[:40], unit="s", leave=False,
                         bar_format="{desc} |{bar}| {n:.0f}/{total:.0f}s")
 
     def __call__(self, elapsed):
@@ -123,7 +128,7 @@ def main(repo: Path, args, log=print) -> int:
             log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome))
             if outcome.row.status == "crash":
                 log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
-            progress.__init__(config["budget_s"], description)
+            progress.restart()
 
         try:
             outcomes = run.experiment(repo, description, rule=args.decision, on_outcome=report,
