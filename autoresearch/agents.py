@@ -71,8 +71,13 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 class ExternalAgent:
-    def __init__(self, repo: Path, tag: str, spec: str, timeout: float):
+    """An agent that edits train.py in `workdir`: the repository itself, or for parallel workers (cluster.py)
+    one working copy per agent. The prompt is always built from the repository's results.tsv."""
+
+    def __init__(self, repo: Path, tag: str, spec: str, timeout: float, workdir: Path | None = None):
         self.repo, self.tag, self.timeout = repo, tag, timeout
+        self.workdir = workdir or repo
+        self.proc = None
         self.argv = command_for(spec)
         self.name = spec
         self.last_outcome = None
@@ -81,8 +86,9 @@ class ExternalAgent:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome)
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
-        proc = subprocess.Popen(argv, cwd=self.repo, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.proc = proc
         try:
             out, _ = proc.communicate(None if uses_placeholder else prompt, timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -93,10 +99,10 @@ class ExternalAgent:
             _kill_group(proc)
             raise
         notes = []
-        changed = git.changed_files(self.repo)
+        changed = git.changed_files(self.workdir)
         others = [p for p in changed if p != "train.py"]
         if others:
-            git.restore(self.repo, others)
+            git.restore(self.workdir, others)
             notes.append(f"agent also edited {', '.join(others[:5])}: reverted")
         if "train.py" not in changed:
             raise AgentError(f"the agent made no change to train.py (exit {proc.returncode}); its output ended: "
@@ -107,3 +113,8 @@ class ExternalAgent:
 
     def observe(self, outcome) -> None:
         self.last_outcome = outcome
+
+    def stop(self) -> None:
+        """End the agent's process group if it is still thinking (a parallel loop stopping from another thread)."""
+        if self.proc is not None and self.proc.poll() is None:
+            _kill_group(self.proc)

@@ -5,6 +5,7 @@
   autoresearch run -m "what it tries"   one experiment: commit train.py, train, record, keep or discard
   autoresearch status                   best result, counts and the last rows of this tag
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
+  autoresearch loop --workers N         N experiments side by side on Ray workers (--ray-address: a cluster)
   autoresearch report                   progress.png and a text summary
 """
 
@@ -69,6 +70,12 @@ def main(argv=None) -> int:
     p.add_argument("--hours", type=float, help="stop after this many hours")
     p.add_argument("--tag", help="tag to create (or continue) if not on an experiment branch")
     p.add_argument("--agent-timeout", type=float, default=1800, help="seconds an external agent may take")
+    p.add_argument("--workers", type=int, help="run this many experiments side by side on Ray workers (a local "
+                   "runtime, or the cluster of --ray-address); default on a cluster: as many as fit")
+    p.add_argument("--ray-address", help="join this Ray cluster (`ray start --head` prints it; default: "
+                   "RAY_ADDRESS) instead of starting a local runtime")
+    p.add_argument("--threads", type=int, help="threads per worker's run (default: the cores divided by the "
+                   "workers; a tag keeps the count it started with)")
     p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP)
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                    help="run train.py under bubblewrap: auto (where it works, default), on (required), off")

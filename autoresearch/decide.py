@@ -132,20 +132,38 @@ class Series:
     runs: int          # finished runs so far
 
 
-def open_series(rows, baseline_runs: int = BASELINE_RUNS) -> Series | None:
-    """The configuration whose repeats are unfinished, if any: the baseline with fewer than baseline_runs runs,
-    or a candidate whose last run said `confirm`. Interrupted runs (a killed harness) and refused ones leave a
-    series open; a crash of the configuration itself closes it."""
-    decided = [r for r in rows if r.status != "refused" and not is_interruption(r)]
+def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series | None:
+    """The series of one configuration, if it is unfinished: the baseline with fewer than baseline_runs runs,
+    or a candidate whose last run said `confirm`. Interrupted runs (a killed harness or worker) and refused ones
+    leave a series open; a crash of the configuration itself closes it."""
+    decided = [r for r in rows if (r.config or r.commit) == config and r.status != "refused"
+               and not is_interruption(r)]
     if not decided:
         return None
     last = decided[-1]
-    runs = len(samples(rows).get(last.config or last.commit, []))
+    runs = len(samples(rows).get(config, []))
     if last.status == "confirm":
-        return Series("candidate", last.commit, last.config, base_description(last.description), runs)
+        return Series("candidate", last.commit, config, base_description(last.description), runs)
     if last.status == "keep" and last.decision.startswith("baseline") and runs < baseline_runs:
-        return Series("baseline", last.commit, last.config, base_description(last.description), runs)
+        return Series("baseline", last.commit, config, base_description(last.description), runs)
     return None
+
+
+def open_serieses(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
+    """Every unfinished series, the one whose last run is oldest first. One harness leaves at most one open;
+    parallel workers (cluster.py) may leave several."""
+    last_index = {}
+    for i, r in enumerate(rows):
+        if r.status != "refused" and not is_interruption(r):
+            last_index[r.config or r.commit] = i
+    found = [series_of(rows, key, baseline_runs) for key in sorted(last_index, key=last_index.get)]
+    return [s for s in found if s is not None]
+
+
+def open_series(rows, baseline_runs: int = BASELINE_RUNS) -> Series | None:
+    """The most recent unfinished series, if any (see series_of)."""
+    found = open_serieses(rows, baseline_runs)
+    return found[-1] if found else None
 
 
 REPEAT_MARK = " [run "

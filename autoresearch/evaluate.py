@@ -222,4 +222,8 @@ def run_evaluation(prepare_source: bytes, run_dir: Path, dtype: str, device: str
 
 
 if __name__ == "__main__":
+    if sys.platform.startswith("linux"):  # die with the harness or worker that started it (lock.tied_to_parent)
+        import ctypes
+        import signal
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
     sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 
@@ -75,3 +77,20 @@ def restore(repo: Path, paths: list[str]) -> None:
             f = repo / p
             if f.is_file() or f.is_symlink():
                 f.unlink()
+
+
+def commit_with(repo: Path, parent: str, path: str, content: str, message: str) -> str:
+    """A commit object: `parent` with `path` replaced by `content`, made without touching the work tree, the
+    index or any branch (the driver of parallel workers records candidates this way; a keep moves the branch)."""
+    blob = subprocess.run(["git", "hash-object", "-w", "--stdin", "--path", path], cwd=repo, input=content,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, GIT_INDEX_FILE=os.path.join(tmp, "index"))
+        for args in (["read-tree", parent], ["update-index", "--add", "--cacheinfo", f"100644,{blob},{path}"]):
+            proc = subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+        tree = subprocess.run(["git", "write-tree"], cwd=repo, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    return git(repo, "-c", "user.name=autoresearch", "-c", "user.email=autoresearch@localhost",
+               "commit-tree", tree, "-p", parent, "-m", message)

@@ -18,11 +18,14 @@ from pathlib import Path
 
 COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description",
            "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed", "protection",
-           "config", "repeat", "mean", "sem", "n", "p_better", "decision", "clock", "load"]
+           "config", "repeat", "mean", "sem", "n", "p_better", "decision", "clock", "load", "worker", "host", "device"]
 HEADER = "\t".join(COLUMNS) + "\n"
 # Earlier layouts: still read (report --results old.tsv), never appended to.
 OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluated models itself)",
                "\t".join(COLUMNS[:14]) + "\n": "0.2 (before decisions over repeated runs)"}
+# Earlier layouts whose rows mean what they mean now, only with fewer columns: appended to in their own layout
+# (the missing columns are dropped from new rows), so that a tag started before an upgrade goes on.
+EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)"}
 STATUSES = ("keep", "discard", "confirm", "crash", "refused")
 
 
@@ -55,8 +58,11 @@ class Row:
     decision: str = ""         # why this status: the rule and its numbers
     clock: str = "wall"        # the budget's clock: wall or cpu (prepare.budget_clock)
     load: float | None = None  # cores other processes kept busy during training (steal included)
+    worker: str = ""           # the Ray worker that ran it (cluster.py), empty for `autoresearch run`
+    host: str = ""             # the machine it ran on
+    device: str = ""           # what it ran on: "cpu x2" (threads), "cuda NVIDIA H200"; a tag never mixes two
 
-    def to_line(self) -> str:
+    def to_line(self, columns: list[str] = COLUMNS) -> str:
         values = asdict(self)
         for k in ("mean", "sem", "p_better", "load"):
             v = values[k]
@@ -66,7 +72,7 @@ class Row:
         values["wall_s"] = f"{self.wall_s:.1f}"
         values["budget_s"] = format_budget(self.budget_s)
         values["description"] = " ".join(str(self.description).split())  # no tabs or newlines
-        return "\t".join(str(values[c]) for c in COLUMNS) + "\n"
+        return "\t".join(str(values[c]).replace("\t", " ") for c in columns) + "\n"
 
     @classmethod
     def from_line(cls, line: str, columns: list[str] = COLUMNS) -> "Row":
@@ -110,7 +116,7 @@ def check_header(path: Path, old_ok: bool = False) -> list[str]:
         raise LedgerError(f"{path.name} is missing. Run `autoresearch setup --tag TAG` to create it.")
     with open(path, encoding="utf-8") as f:
         first = f.readline()
-    if first in OLD_HEADERS and old_ok:
+    if first in EXTENDABLE or (first in OLD_HEADERS and old_ok):
         return first.rstrip("\n").split("\t")
     if first in OLD_HEADERS:
         raise LedgerError(f"{path} was written by autoresearch {OLD_HEADERS[first]}, whose rows this version "
@@ -124,8 +130,7 @@ def check_header(path: Path, old_ok: bool = False) -> list[str]:
 
 
 def append(path: Path, row: Row) -> None:
-    check_header(path)
-    data = row.to_line().encode("utf-8")
+    data = row.to_line(check_header(path)).encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:
         # A previous writer killed mid-line (only possible on power loss) would leave no newline: start fresh.

@@ -98,10 +98,11 @@ def heaviest(n: int = 3) -> list[str]:
 def clock_env(clock: str, threads: int) -> dict:
     """The training process's environment for a budget clock. On the cpu clock waiting threads sleep instead of
     spinning (a thread spinning while its peer is descheduled bills the budget for nothing: BENCHMARKS.md,
-    Noise), and the thread count is set, as the clock divides by it."""
-    env = {"AUTORESEARCH_BUDGET_CLOCK": clock}
+    Noise), and the thread count is set, as the clock divides by it. The thread count is set on the wall clock
+    too: Ray sets OMP_NUM_THREADS=1 in its workers, and an unset count lets every run take every core."""
+    env = {"AUTORESEARCH_BUDGET_CLOCK": clock, "OMP_NUM_THREADS": str(threads)}
     if clock == "cpu":
-        env.update(OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(threads))
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
     return env
 
 

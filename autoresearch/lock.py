@@ -156,3 +156,17 @@ def descendants() -> list[list]:
         except psutil.Error:
             continue
     return out
+
+
+# Exec'd in front of a command: it dies (SIGKILL) when the process that started it dies, e.g. a Ray worker killed
+# with its node, which leaves no one to kill a training in its own session. PR_SET_PDEATHSIG is 1 and outlives
+# exec; the parent check covers a parent that died before the prctl.
+_TIED = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0); "
+         "os.getppid() == int(sys.argv[1]) or os._exit(70); os.execvp(sys.argv[2], sys.argv[2:])")
+
+
+def tied_to_parent(argv: list[str]) -> list[str]:
+    """argv, made to die with this process (Linux; elsewhere argv unchanged)."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return [sys.executable, "-c", _TIED, str(os.getpid()), *argv]

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -18,8 +20,20 @@ def ensure_data(log=print) -> None:
         data.prepare(log=log)
 
 
-def ensure_tag(repo: Path, tag: str | None, log=print) -> dict:
-    """Stay on the current experiment branch; else continue or create the given tag (default: today's date)."""
+def existing_tag(repo: Path, tag: str | None) -> dict | None:
+    """The tag the loop would continue (see ensure_tag), or None when it would create one."""
+    current = git.branch(repo)
+    if current.startswith(run.BRANCH_PREFIX) and (tag is None or current == run.BRANCH_PREFIX + tag):
+        return run.load_tag(repo)
+    if tag is None or not git.branch_exists(repo, run.BRANCH_PREFIX + tag):
+        return None
+    path = run.state_dir(repo) / "tags" / f"{tag}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ensure_tag(repo: Path, tag: str | None, log=print, threads: int | None = None) -> dict:
+    """Stay on the current experiment branch; else continue or create the given tag (default: today's date).
+    `threads`: the threads per run of a new tag (parallel workers)."""
     current = git.branch(repo)
     if current.startswith(run.BRANCH_PREFIX) and (tag is None or current == run.BRANCH_PREFIX + tag):
         return run.load_tag(repo)
@@ -33,7 +47,7 @@ def ensure_tag(repo: Path, tag: str | None, log=print) -> dict:
         while git.branch_exists(repo, f"{run.BRANCH_PREFIX}{tag}-{n}"):
             n += 1
         tag = f"{tag}-{n}"
-    config = run.setup(repo, tag)
+    config = run.setup(repo, tag, threads)
     log(f"new tag {tag}: branch {config['branch']}")
     return config
 
@@ -69,20 +83,29 @@ class Progress:
         self.bar.close()
 
 
-def line(n: int, outcome: run.Outcome) -> str:
-    r = outcome.row
+def line(n: int, r: ledger.Row) -> str:
+    """One finished run, as the loop prints it."""
+    who = f"[{r.worker}] " if r.worker else ""
     if r.status in ("crash", "refused"):
-        return f"#{n:<3d} {r.status:8s} {'':8s}  {r.wall_s:4.0f}s  {r.description}"
+        return f"#{n:<3d} {r.status:8s} {'':8s}  {r.wall_s:4.0f}s  {who}{r.description}"
     mean = f"mean {r.mean:.6f}" + (f" +- {r.sem:.4f}" if r.sem is not None else "") + f" n={r.n}"
     p = f" P={r.p_better:.3f}" if r.p_better is not None else ""
-    return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {mean}{p}  {r.wall_s:4.0f}s  {r.description}  ({r.decision})"
+    return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {mean}{p}  {r.wall_s:4.0f}s  {who}{r.description}  ({r.decision})"
 
 
 BASELINE_TRIES = 3
 
 
+def parallel(args) -> bool:
+    """Whether the loop runs on Ray workers (cluster.py): --workers, --ray-address or RAY_ADDRESS."""
+    return bool(getattr(args, "workers", None) or getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS"))
+
+
 def main(repo: Path, args, log=print) -> int:
     ensure_data(log)
+    if parallel(args):
+        from autoresearch import cluster
+        return cluster.main(repo, args, log)
     if args.agent != "builtin":
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = ensure_tag(repo, args.tag, log)
@@ -125,7 +148,7 @@ def main(repo: Path, args, log=print) -> int:
 
         def report(outcome):
             progress.close()
-            log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome))
+            log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome.row))
             if outcome.row.status == "crash":
                 log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
             progress.restart()

@@ -79,5 +79,6 @@ def describe(hw: dict) -> str:
     return f"{hw['device']} {hw['name']} ({hw['cores']} cores, torch {hw['torch']})"
 
 
-def differences(recorded: dict, current: dict) -> list[str]:
-    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in KEYS if recorded.get(k) != current.get(k)]
+def differences(recorded: dict, current: dict, ignore: tuple = ()) -> list[str]:
+    return [f"{k} {recorded.get(k)!r} -> {current.get(k)!r}" for k in KEYS
+            if k not in ignore and recorded.get(k) != current.get(k)]

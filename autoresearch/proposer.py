@@ -90,12 +90,14 @@ class BuiltinProposer:
                 self.sources[commit] = None  # the commit is gone (garbage-collected): nothing to learn from
         return self.sources[commit]
 
-    def sync(self) -> None:
+    def sync(self, running: list[str] = ()) -> None:
         """A fresh study holding every recorded configuration as one trial: the mean of its runs, or a failed
-        trial when it never finished a run (it crashed)."""
+        trial when it never finished a run (it crashed). `running`: the train.py sources parallel workers are
+        running now, as running trials: with constant_liar TPE counts them as bad results, so that proposals made
+        side by side differ instead of piling onto one promising region."""
         rows = self._rows()
         self.study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
-            seed=self.seed + len(rows), n_startup_trials=5, multivariate=True))
+            seed=self.seed + len(rows) + len(running), n_startup_trials=5, multivariate=True, constant_liar=True))
         self.rng = random.Random(self.seed + len(rows))
         means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
         seen = set()
@@ -116,12 +118,22 @@ class BuiltinProposer:
                 state=optuna.trial.TrialState.COMPLETE if key in means else optuna.trial.TrialState.FAIL,
                 user_attrs={"config": key, "description": row.description})
             self.study.add_trial(trial)
+        for i, source in enumerate(running):
+            params = self._params_of(source)
+            self.study.add_trial(optuna.trial.create_trial(
+                params=params, distributions={k: self.space[k] for k in params},
+                state=optuna.trial.TrialState.RUNNING, user_attrs={"config": f"running-{i}"}))
 
     def propose(self, context: dict) -> str:
         """Edit train.py (the best kept version, checked out) and return a description of the change."""
-        self.sync()
         path = self.repo / "train.py"
-        source = path.read_text()
+        new_source, description = self.propose_source(path.read_text())
+        path.write_text(new_source)
+        return description
+
+    def propose_source(self, source: str, running: list[str] = ()) -> tuple[str, str]:
+        """A changed copy of `source` (the champion's train.py) and its description; `running`: see sync."""
+        self.sync(running)
         current = read_constants(source, self.profile)
         base = self._params_of(source)
         tried = [t.params for t in self.study.get_trials(deepcopy=False) if "config" in t.user_attrs]
@@ -145,8 +157,7 @@ class BuiltinProposer:
                 compile(new_source, "train.py", "exec")
             except (EditError, SyntaxError):
                 continue
-            path.write_text(new_source)
-            return ", ".join(f"{k} {current[k]!r} -> {v!r}" for k, v in changes.items())
+            return new_source, ", ".join(f"{k} {current[k]!r} -> {v!r}" for k, v in changes.items())
         raise RuntimeError("the built-in proposer found no untried configuration in 50 attempts")
 
     def _consequences(self, changes: dict, current: dict) -> dict:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -112,7 +113,7 @@ def current_clock() -> str:
         raise HarnessError(str(e)) from None
 
 
-def setup(repo: Path, tag: str) -> dict:
+def setup(repo: Path, tag: str, threads: int | None = None) -> dict:
     if not re.fullmatch(r"[A-Za-z0-9._-]+", tag):
         raise HarnessError(f"Tag {tag!r}: use letters, digits, '.', '_' or '-' (for example `mar5`).")
     name = BRANCH_PREFIX + tag
@@ -129,6 +130,8 @@ def setup(repo: Path, tag: str) -> dict:
               "clock": current_clock(),
               "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
               "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if threads is not None:  # parallel workers: each run gets this many threads (tag_threads)
+        config["threads"] = threads
     git.git(repo, "checkout", "-q", "-b", name)
     _atomic_json(state_dir(repo) / "tags" / f"{tag}.json", config)
     ledger.create(repo / "results.tsv")
@@ -212,31 +215,72 @@ def read_pending(repo: Path) -> dict | None:
                            "it, then delete it to go on.") from None
 
 
-def recover(repo: Path, log=print, reason: str = "harness died mid-run") -> ledger.Row | None:
+INFLIGHT_DIR = "inflight"  # under STATE_DIR: one JSON per run a parallel driver (cluster.py) has dispatched
+
+
+def interrupted_row(config: dict, job: dict, reason: str) -> ledger.Row:
+    """The row of a run whose harness, driver or worker died before it was recorded."""
+    return _row(config, job.get("commit") or job["parent"], f"{job['description']} [interrupted: {reason}]",
+                job["run_id"], "crash", seed=job.get("seed", 0), protection=job.get("protection", "none"),
+                config=job.get("config", ""), repeat=job.get("repeat", 1), decision="interrupted",
+                worker=job.get("worker", ""), host=job.get("host", ""), device=job.get("device", ""))
+
+
+def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-run") -> list[ledger.Row]:
+    """Record every run a dead parallel driver had dispatched and not recorded (its workers died with it)."""
+    recorded = []
+    for path in sorted((state_dir(repo) / INFLIGHT_DIR).glob("*.json")):
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, ValueError):  # torn by a kill while written: it never reached a worker
+            path.unlink()
+            continue
+        config = json.loads((state_dir(repo) / "tags" / f"{job['tag']}.json").read_text())
+        if not any(r.run_id == job["run_id"] for r in ledger.read(repo / "results.tsv", config["tag"])):
+            row = interrupted_row(config, job, reason)
+            ledger.append(repo / "results.tsv", row)
+            recorded.append(row)
+            log(f"recovered an interrupted run ({job['run_id']} on {job.get('worker') or 'a worker'}): recorded as crash")
+        path.unlink()
+    return recorded
+
+
+def recover(repo: Path, log=print, reason: str = "harness died mid-run", parallel: bool = False) -> ledger.Row | None:
     """Finish an experiment whose harness died: kill its training, record it as a crash unless its row was
-    recorded, and put the branch back on the last kept commit. Only a holder of the repository's lock may
-    call this (run and loop do): then the harness that wrote pending.json is certainly dead."""
+    recorded, and put the branch back on the last kept commit (or on the candidate whose series is open, for
+    `autoresearch run`; a parallel driver never moves the branch to a candidate). Only a holder of the
+    repository's lock may call this (run and loop do): then the harness that wrote pending.json is certainly
+    dead."""
+    inflight = recover_inflight(repo, log)
     pending = read_pending(repo)
     if pending is None:
-        return None
+        if inflight or parallel:
+            _branch_back(repo, parallel, inflight[-1].tag if inflight else None)
+        return inflight[-1] if inflight else None
     _kill_training(pending)
     config = json.loads((state_dir(repo) / "tags" / f"{pending['tag']}.json").read_text())
     rows = ledger.read(repo / "results.tsv", config["tag"])
     row = None
     if not any(r.run_id == pending["run_id"] for r in rows):
-        row = _row(config, pending.get("commit") or pending["parent"],
-                   f"{pending['description']} [interrupted: {reason}]", pending["run_id"], "crash",
-                   seed=pending.get("seed", 0), protection=pending.get("protection", "none"),
-                   config=pending.get("config", ""), repeat=pending.get("repeat", 1), decision="interrupted")
+        row = interrupted_row(config, pending, reason)
         ledger.append(repo / "results.tsv", row)
-        rows.append(row)
         log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
-    if git.branch(repo) == config["branch"]:
-        target = branch_target(repo, config, rows)  # an open confirmation series stays on its candidate
-        if git.head(repo) != target:
-            git.reset_to(repo, target, EDITABLE)
+    _branch_back(repo, parallel, pending["tag"])
     (state_dir(repo) / "pending.json").unlink()
     return row
+
+
+def _branch_back(repo: Path, parallel: bool, tag: str | None) -> None:
+    """The branch back where it belongs between runs, if it is the tag's (or, tag None, any experiment branch)."""
+    name = git.branch(repo)
+    if not name.startswith(BRANCH_PREFIX) or (tag is not None and name != BRANCH_PREFIX + tag):
+        return
+    config = load_tag(repo)
+    rows = ledger.read(repo / "results.tsv", config["tag"])
+    # an open confirmation series of `autoresearch run` stays on its candidate
+    target = last_kept_commit(repo, config, rows) if parallel else branch_target(repo, config, rows)
+    if git.head(repo) != target:
+        git.reset_to(repo, target, EDITABLE)
 
 
 # --- running one experiment -------------------------------------------------------------
@@ -327,7 +371,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
         env["TMPDIR"] = "/tmp"
     argv = [sys.executable, EDITABLE]
     lock.become_subreaper()  # orphans of the training become our children: still in the tree we kill
-    proc = subprocess.Popen(wrap(argv) if wrap else argv, cwd=repo, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(lock.tied_to_parent(wrap(argv) if wrap else argv), cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log = CappedLog(proc.stdout, run_dir / "run.log")
     known = [lock.identity(proc.pid) or [proc.pid, 0.0]]
@@ -451,116 +495,92 @@ def _config_of(repo: Path, commit: str) -> str:
     return git.git(repo, "rev-parse", f"{commit}:{EDITABLE}")[:12]
 
 
-def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
-                   on_progress=None, log=print, sandbox_mode: str = "auto", rule: str = "stat") -> Outcome:
-    """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
-    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
-    description = " ".join(description.split()) or "(no description)"
-    config = load_tag(repo)
-    recover(repo, log)
-    try:
-        protection = sandbox.protection(sandbox_mode)
-    except sandbox.SandboxError as e:
-        raise HarnessError(str(e)) from None
-    results = repo / "results.tsv"
-    rows = ledger.read(results, config["tag"])
-    series = decide.open_series(rows)
-    if series is not None:
-        if EDITABLE in git.changed_files(repo):
-            raise HarnessError(
-                f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
-                f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
-                f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
-                f"resume && git stash pop`.")
-        if git.head(repo)[:7] != series.commit[:7]:
-            git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
-        repeat = sum(r.config == series.config for r in rows if r.status != "refused") + 1
-        description = f"{series.description}{decide.REPEAT_MARK}{series.runs + 1}]"
-        log(f"{series.kind} {series.commit}: run {series.runs + 1}")
-    run_id = time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
-    run_dir = state_dir(repo) / "runs" / run_id
-    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
-    best_before = best_row.val_bpb if best_row else None
-    champ_row = decide.champion(rows)
-    champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
-    # Every run of a tag gets its own seed under the stat rule, so repeats are independent samples; the naive
-    # rule keeps the one seed, like the public project.
-    if rule == "stat":
-        seed = seed + len(rows)
-    clock = config["clock"]
+def tag_threads(config: dict) -> int:
+    """Threads every run of the tag trains with: set at setup (parallel workers: each its share of the cores),
+    else the cores of the machine the tag was set up on."""
+    return int(config.get("threads") or config.get("hardware", {}).get("cores") or machine.hardware()["cores"])
 
-    def row(status, commit, text, **kw):
-        return _row(config, commit, text, run_id, status, seed=seed, protection=protection, **kw)
 
-    def refuse(reason: str) -> NoReturn:
-        ledger.append(results, row("refused", git.head(repo), f"{description} [refused: {reason}]"))
-        raise HarnessError(f"Refused: {reason}")
+def device_label(config: dict, hw: dict | None = None) -> str:
+    """What a row ran on, for its `device` column: the accelerator's name, or the CPU and its thread count."""
+    hw = hw or config.get("hardware") or machine.hardware()
+    return f"{hw['device']} {hw['name']}" if hw["device"] == "cuda" else f"{hw['device']} x{tag_threads(config)}"
 
-    changed = git.changed_files(repo)
-    others = [p for p in changed if p != EDITABLE]
-    if others:
-        refuse(f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
-               f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
+
+def preflight(repo: Path, config: dict, worker: bool = False) -> str | None:
+    """Why a run from `repo` would not be comparable with the tag's other runs, or None: the fixed half, the
+    budget, the clock and the hardware must all be the tag's. A worker may have more cores than its share."""
     try:
         fingerprint = fixed_fingerprint(repo)
     except HarnessError as e:  # a data file no longer matches its sha256
-        refuse(str(e).rstrip("."))
+        return str(e).rstrip(".")
     if fingerprint != config["fingerprint"]:
-        refuse("the fixed half (prepare.py, the prepared data or the tokenizer) differs from when this tag was "
-               "set up; restore it (`git checkout -- prepare.py`, `python prepare.py --force` for the data) or "
-               "start a new tag")
+        return ("the fixed half (prepare.py, the prepared data or the tokenizer) differs from when this tag was "
+                "set up; restore it (`git checkout -- prepare.py`, `python prepare.py --force` for the data) or "
+                "start a new tag")
     budget = current_budget()
     if budget != config["budget_s"]:
-        refuse(f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
-               f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
+        return (f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
+                f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
+    clock = config["clock"]
     if current_clock() != clock:
-        refuse(f"AUTORESEARCH_BUDGET_CLOCK is {current_clock()} but this tag runs on the {clock} clock, and "
-               f"results under different clocks are never compared; set it to {clock} (wall: unset it), or "
-               f"start a new tag")
+        return (f"AUTORESEARCH_BUDGET_CLOCK is {current_clock()} but this tag runs on the {clock} clock, and "
+                f"results under different clocks are never compared; set it to {clock} (wall: unset it), or "
+                f"start a new tag")
     here = machine.hardware()
-    changed_hw = machine.differences(config.get("hardware", here), here)
+    recorded = config.get("hardware", here)
+    changed_hw = machine.differences(recorded, here, ignore=("cores",) if worker else ())
+    if worker and here["cores"] < tag_threads(config):
+        changed_hw.append(f"{here['cores']} cores for {tag_threads(config)} threads per run")
     if changed_hw:
-        refuse(f"this tag was set up on {machine.describe(config['hardware'])}, and this machine is "
-               f"{machine.describe(here)} ({'; '.join(changed_hw)}): its results would not be comparable. Start a "
-               "new tag here (`autoresearch setup --tag NEWTAG`, or `autoresearch loop --tag NEWTAG`); the old "
-               "tag's rows stay in results.tsv")
-    fixed_source = clean_prepare(repo, config)
+        return (f"this tag was set up on {machine.describe(recorded)}, and this machine is "
+                f"{machine.describe(here)} ({'; '.join(changed_hw)}): its results would not be comparable. Start a "
+                "new tag here (`autoresearch setup --tag NEWTAG`, or `autoresearch loop --tag NEWTAG`); the old "
+                "tag's rows stay in results.tsv")
+    return None
+
+
+@dataclass
+class Fixed:
+    """What every run of a tag evaluates with, read before a run starts."""
+    source: bytes      # prepare.py as committed at the tag's base commit
+    cache: Path
+    manifest: dict
+    allowance: float   # seconds beyond the budget until result.json
+
+
+def fixed_half(repo: Path, config: dict) -> Fixed:
     contract = prepare_contract()
-    cache = contract.cache_dir()
     manifest = contract.require_manifest()
-    allowance = outside_allowance(manifest["profile"])
-    if clock == "wall":  # a competing process would be measured, not train.py (load.py)
-        try:
-            load.wait_until_quiet(log)
-        except load.Busy as e:
-            raise HarnessError(str(e)) from None
+    return Fixed(clean_prepare(repo, config), contract.cache_dir(), manifest, outside_allowance(manifest["profile"]))
 
-    # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
-    pending_path = state_dir(repo) / "pending.json"
-    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": git.head(repo),
-               "description": description, "seed": seed, "started": _now(), "protection": protection,
-               "processes": []}
-    _atomic_json(pending_path, pending)
-    fault_point("pending-written")
-    run_dir.mkdir(parents=True)
-    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
-    fault_point("committed")
-    config_id = _config_of(repo, commit)
-    if series is None:
-        repeat = sum(r.config == config_id for r in rows if r.status != "refused") + 1
-    pending.update(commit=commit, config=config_id, repeat=repeat)
-    _atomic_json(pending_path, pending)
 
-    view = sandbox.make_view(run_dir, cache, manifest)
-    wrap = (lambda argv: sandbox.wrap(argv, repo, run_dir, cache, manifest)) if protection == "bwrap" else None
+@dataclass
+class Execution:
+    status: str               # ok, crash or refused
+    reason: str               # why it crashed or was refused
+    result: dict | None       # train.py's result.json
+    evaluation: dict          # the harness's evaluation
+    training: Training
+
+
+def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, pending_path: Path,
+            protection: str, fixed: Fixed, timeout: float | None = None, on_progress=None,
+            test_threshold: float | None = None, run_no: int = 1, hide: list[Path] = ()) -> Execution:
+    """Train repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
+    integrity checks) and evaluate the model it exported. Writes nothing but run_dir and pending; the caller
+    records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy;
+    `hide` names more paths the sandbox hides (the driver's ledger and state, from a worker on its machine)."""
+    clock, threads, budget = config["clock"], tag_threads(config), config["budget_s"]
+    view = sandbox.make_view(run_dir, fixed.cache, fixed.manifest)
+    wrap = ((lambda argv: sandbox.wrap(argv, repo, run_dir, fixed.cache, fixed.manifest, hide)) if protection == "bwrap"
+            else None)
     before = guard.snapshot(repo, exclude=[run_dir, pending_path])
-    threads = config.get("hardware", {}).get("cores") or machine.hardware()["cores"]
     if timeout is None:  # on the cpu clock a busy machine may stretch the budget's wall time
-        timeout = (2 if clock == "wall" else 4) * config["budget_s"] + TIMEOUT_MARGIN
+        timeout = (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
     training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock, threads)
-    log_path = run_dir / "run.log"
-    log_text = log_path.read_text(errors="replace")
-    sandbox.keep_measurements(view, cache)
+    log_text = (run_dir / "run.log").read_text(errors="replace")
+    sandbox.keep_measurements(view, fixed.cache)
 
     # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
     after = guard.snapshot(repo, exclude=[run_dir, pending_path])
@@ -592,29 +612,26 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             crash = problem
         elif result.get("export_error"):
             crash = f"the model could not be exported: {result['export_error'][:300]}"
-        elif result["time_budget"] != config["budget_s"]:
-            refusal = f"the run used a {result['time_budget']} s budget, not {config['budget_s']} s"
-        elif training.result_after > config["budget_s"] + allowance and clock == "wall":
-            refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {config['budget_s']}"
-                       f" s budget plus the {allowance:.0f} s allowance for startup and export")
-        elif clock == "cpu" and (training.cpu_at_result or 0) / threads > config["budget_s"] + allowance:
+        elif result["time_budget"] != budget:
+            refusal = f"the run used a {result['time_budget']} s budget, not {budget} s"
+        elif training.result_after > budget + fixed.allowance and clock == "wall":
+            refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {budget}"
+                       f" s budget plus the {fixed.allowance:.0f} s allowance for startup and export")
+        elif clock == "cpu" and (training.cpu_at_result or 0) / threads > budget + fixed.allowance:
             refusal = (f"the run used {training.cpu_at_result / threads:.0f} s of CPU per thread until its result, "
-                       f"more than the {config['budget_s']} s budget plus the {allowance:.0f} s allowance")
+                       f"more than the {budget} s budget plus the {fixed.allowance:.0f} s allowance")
     if refusal is None and crash is None:
         def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
             pending["processes"].append(lock.identity(pid) or [pid, 0.0])
             _atomic_json(pending_path, pending)
             fault_point("evaluating")
-            fault_point(f"evaluating-run-{series.runs + 1 if series else 1}")  # the n-th run of a series
+            fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
-        # the held-out test split is scored for a possible new best: below the best single run (naive) or the
-        # champion's mean (stat)
-        threshold = fmean(champ_values) if rule == "stat" and champ_values else best_before
         evaluation = evaluate.run_evaluation(
-            fixed_source, run_dir, result["dtype"], result["device"], result["check_bpb"],
-            threshold if threshold is not None else float("inf"), cache, timeout=EVAL_TIMEOUT,
+            fixed.source, run_dir, result["dtype"], result["device"], result["check_bpb"],
+            test_threshold if test_threshold is not None else float("inf"), fixed.cache, timeout=EVAL_TIMEOUT,
             on_start=evaluator_started)
-        evaluation["outside_s"] = training.result_after - config["budget_s"]
+        evaluation["outside_s"] = training.result_after - budget
         if "refused" in evaluation:
             refusal = evaluation["refused"]
         elif "error" in evaluation:
@@ -624,35 +641,153 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
             refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
                        f"{evaluation['val_bpb']:.6f}")
         _atomic_json(run_dir / "evaluation.json", evaluation)
+    status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
+    return Execution(status, refusal or crash or "", result, evaluation, training)
 
-    common = dict(config=config_id, repeat=repeat, load=training.load, wall=training.wall)
-    if refusal is not None:
-        outcome_row = row("refused", commit, f"{description} [refused: {refusal}]", **common)
-    elif crash is not None:
-        outcome_row = row("crash", commit, f"{description} [crash: {crash}]", decision=(
+
+def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | None:
+    """The val_bpb below which a run may be a new best, so the held-out test split is scored for it: the best
+    single run (naive) or the champion's mean (stat)."""
+    champ_row = decide.champion(rows)
+    values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
+    if rule == "stat" and values:
+        return fmean(values)
+    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    return best_row.val_bpb if best_row else None
+
+
+def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
+               commit: str, description: str, run_id: str, seed: int, protection: str, config_id: str,
+               repeat: int, **where) -> ledger.Row:
+    """The ledger row of a finished execution, judged against the rows recorded before it."""
+    common = dict(seed=seed, protection=protection, config=config_id, repeat=repeat, load=ex.training.load,
+                  wall=ex.training.wall, **where)
+    if ex.status == "refused":
+        return _row(config, commit, f"{description} [refused: {ex.reason}]", run_id, "refused", **common)
+    if ex.status == "crash":
+        return _row(config, commit, f"{description} [crash: {ex.reason}]", run_id, "crash", decision=(
             "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
             else ""), **common)
-    else:
-        val_bpb = evaluation["val_bpb"]
-        status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before)
-        outcome_row = row(status, commit, description, val_bpb=val_bpb, memory_gb=result["memory_gb"],
-                          steps=result["num_steps"], **stats, **common)
+    champ_row = decide.champion(rows)
+    champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
+    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    val_bpb = ex.evaluation["val_bpb"]
+    status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb,
+                          best_row.val_bpb if best_row else None)
+    return _row(config, commit, description, run_id, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],
+                steps=ex.result["num_steps"], **stats, **common)
+
+
+def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
+                   on_progress=None, log=print, sandbox_mode: str = "auto", rule: str = "stat") -> Outcome:
+    """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
+    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
+    description = " ".join(description.split()) or "(no description)"
+    config = load_tag(repo)
+    recover(repo, log)
+    try:
+        protection = sandbox.protection(sandbox_mode)
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
+    results = repo / "results.tsv"
+    rows = ledger.read(results, config["tag"])
+    series = decide.open_series(rows)
+    if series is not None:
+        if EDITABLE in git.changed_files(repo):
+            raise HarnessError(
+                f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
+                f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
+                f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
+                f"resume && git stash pop`.")
+        if git.head(repo)[:7] != series.commit[:7]:
+            git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
+        repeat = sum(r.config == series.config for r in rows if r.status != "refused") + 1
+        description = f"{series.description}{decide.REPEAT_MARK}{series.runs + 1}]"
+        log(f"{series.kind} {series.commit}: run {series.runs + 1}")
+    run_id = new_run_id()
+    run_dir = state_dir(repo) / "runs" / run_id
+    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    best_before = best_row.val_bpb if best_row else None
+    # Every run of a tag gets its own seed under the stat rule, so repeats are independent samples; the naive
+    # rule keeps the one seed, like the public project.
+    if rule == "stat":
+        seed = seed + len(rows)
+    where = dict(host=socket.gethostname(), device=device_label(config))
+
+    def refuse(reason: str) -> NoReturn:
+        ledger.append(results, _row(config, git.head(repo), f"{description} [refused: {reason}]", run_id,
+                                    "refused", seed=seed, protection=protection, **where))
+        raise HarnessError(f"Refused: {reason}")
+
+    changed = git.changed_files(repo)
+    others = [p for p in changed if p != EDITABLE]
+    if others:
+        refuse(f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
+               f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
+    problem = preflight(repo, config)
+    if problem:
+        refuse(problem)
+    fixed = fixed_half(repo, config)
+    if config["clock"] == "wall":  # a competing process would be measured, not train.py (load.py)
+        try:
+            load.wait_until_quiet(log)
+        except load.Busy as e:
+            raise HarnessError(str(e)) from None
+
+    # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
+    pending_path = state_dir(repo) / "pending.json"
+    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": git.head(repo),
+               "description": description, "seed": seed, "started": _now(), "protection": protection,
+               "processes": []}
+    _atomic_json(pending_path, pending)
+    fault_point("pending-written")
+    run_dir.mkdir(parents=True)
+    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
+    fault_point("committed")
+    config_id = _config_of(repo, commit)
+    if series is None:
+        repeat = sum(r.config == config_id for r in rows if r.status != "refused") + 1
+    pending.update(commit=commit, config=config_id, repeat=repeat)
+    _atomic_json(pending_path, pending)
+
+    ex = execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed, timeout, on_progress,
+                 test_threshold(rows, config, rule), series.runs + 1 if series else 1)
+    outcome_row = result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
+                             config_id, repeat, **where)
+    log_path = run_dir / "run.log"
+    if ex.status == "ok":
         with open(log_path, "a") as f:  # the public protocol's last line, now the harness's number
-            f.write(contract.final_line(val_bpb, result["memory_gb"], result["num_steps"]) + "\n")
+            f.write(prepare_contract().final_line(outcome_row.val_bpb, outcome_row.memory_gb, outcome_row.steps)
+                    + "\n")
     fault_point("recording")
     ledger.append(results, outcome_row)
     fault_point("recorded")
-    shutil.copyfile(log_path, state_dir(repo) / "run.log.tmp")  # same filesystem, outside the work tree
-    os.replace(state_dir(repo) / "run.log.tmp", repo / "run.log")  # for agents that follow the public protocol
+    publish_log(repo, log_path)
     if outcome_row.status not in ("keep", "confirm"):
         git.reset_to(repo, last_kept_commit(repo, config, rows), EDITABLE)
         fault_point("reset")
     if outcome_row.status != "keep":
-        for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):  # only kept models are worth their disk
-            (run_dir / name).unlink(missing_ok=True)
+        drop_model(run_dir)
     pending_path.unlink()
     return Outcome(row=outcome_row, best_before=best_before, log_tail=_tail(log_path), run_dir=run_dir,
-                   result=result, evaluation=evaluation)
+                   result=ex.result, evaluation=ex.evaluation)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def publish_log(repo: Path, log_path: Path) -> None:
+    """The finished run's log as repo/run.log, for agents that follow the public protocol."""
+    shutil.copyfile(log_path, state_dir(repo) / "run.log.tmp")  # same filesystem, outside the work tree
+    os.replace(state_dir(repo) / "run.log.tmp", repo / "run.log")
+
+
+def drop_model(run_dir: Path) -> None:
+    """Only kept models are worth their disk."""
+    contract = prepare_contract()
+    for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):
+        (run_dir / name).unlink(missing_ok=True)
 
 
 def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before) -> tuple[str, dict]:

@@ -89,11 +89,13 @@ def protection(mode: str) -> str:
     return "none"
 
 
-def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict) -> list[str]:
-    """argv wrapped in bubblewrap as described above. Later mounts go over earlier ones."""
+def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict, hide=()) -> list[str]:
+    """argv wrapped in bubblewrap as described above, `hide` hidden too. Later mounts go over earlier ones."""
     hidden_dirs = [cache.resolve(), repo / ".git", repo / ".autoresearch", Path.home() / ".npm"]
     source = manifest.get("source", {}).get("path")
     hidden_files = [repo / "results.tsv"]
+    for path in hide:
+        (hidden_dirs if Path(path).is_dir() else hidden_files).append(Path(path))
     if source:
         (hidden_dirs if Path(source).is_dir() else hidden_files).append(Path(source))
     args = ["bwrap", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
