@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -63,12 +64,27 @@ def host_name() -> str:
     return socket.gethostname()
 
 
+def _exit_with_parent() -> None:
+    """End this process when its parent (Ray's raylet) dies: a driver killed with its local runtime takes the
+    raylet along, and a worker re-parented to a subreaper (tmux, a container's init, a harness) may otherwise
+    outlive it. Its training is tied to it (lock.tied_to_parent) and ends too."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
 class Worker:
     def __init__(self, repo_path: str, config: dict, name: str, sandbox_mode: str = "auto"):
         self.config, self.name = config, name
         self.host = host_name()
         self.threads = run.tag_threads(config)
         self.error = None
+        _exit_with_parent()
         try:
             self._setup(repo_path, sandbox_mode)
         except (WorkerRefused, run.HarnessError, git.GitError, sandbox.SandboxError) as e:

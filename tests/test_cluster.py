@@ -44,7 +44,8 @@ def ray_processes(since: float) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["name", "cmdline", "create_time"]):
         text = " ".join(p.info["cmdline"] or [])[:300]
-        if p.info["create_time"] >= since and ("raylet" in text or "gcs_server" in text or text.startswith("ray::")):
+        if p.info["create_time"] >= since and ("raylet" in text or "gcs_server" in text or text.startswith("ray::")) \
+                and p.status() != psutil.STATUS_ZOMBIE:
             out.append(p)
     return out
 
@@ -120,8 +121,12 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
                  "more results and two runs in flight")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        wait_for(lambda: not trainings(workers_root) and not ray_processes(t0), 30,
-                 "every training and Ray process to end with the driver")
+        try:
+            wait_for(lambda: not trainings(workers_root) and not ray_processes(t0), 30,
+                     "every training and Ray process to end with the driver")
+        except AssertionError:
+            left = trainings(workers_root) + ray_processes(t0)
+            raise AssertionError(f"left running: {[(p.pid, p.cmdline()[:4]) for p in left]}") from None
         inflight = [json.loads(p.read_text())["run_id"]
                     for p in (repo / ".autoresearch" / "inflight").glob("*.json")]
         assert inflight, "the killed driver had runs in flight"
