@@ -48,7 +48,7 @@ def command_for(spec: str) -> list[str]:
     return argv
 
 
-def build_prompt(repo: Path, tag: str, last_outcome=None) -> str:
+def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] = ()) -> str:
     from autoresearch import report
     rows = ledger.read(repo / "results.tsv", tag)
     lines = [(repo / "program.md").read_text() if (repo / "program.md").exists() else "", LOOP_NOTE,
@@ -57,6 +57,8 @@ def build_prompt(repo: Path, tag: str, last_outcome=None) -> str:
     lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{'' if r.mean is None else f'{r.mean:.6f}'}\t{r.memory_gb:.1f}\t"
               f"{r.status}\t{r.description}" for r in rows[-40:]]
     lines.append("\n" + report.champion_text(rows, report.configurations(rows, repo)))
+    if in_flight:  # parallel workers (cluster.py): propose something else
+        lines += ["\n## Running now on other workers (do not propose these again)"] + [f"- {d}" for d in in_flight]
     if last_outcome is not None and last_outcome.row.status == "crash":
         lines += ["\n## The last experiment crashed; the end of its log:", last_outcome.log_tail]
     return "\n".join(lines)
@@ -83,7 +85,7 @@ class ExternalAgent:
         self.last_outcome = None
 
     def propose(self, context: dict) -> str:
-        prompt = build_prompt(self.repo, self.tag, self.last_outcome)
+        prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

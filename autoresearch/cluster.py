@@ -271,13 +271,15 @@ class Driver:
         source = git.git(self.repo, "show", f"{head}:{run.EDITABLE}", strip=False)
         running = [job.source for job in self.running.values()]
         self.started += 1
-        future = self.pool.submit(self._proposal, name, head, source, running)
+        future = self.pool.submit(self._proposal, name, head, source, running,
+                                  [job.description for job in self.running.values()])
         self.proposing[future] = name
         if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
             concurrent.futures.wait([future])
             self.proposed(future)
 
-    def _proposal(self, name: str, head: str, source: str, running: list[str]) -> tuple[str, str, str]:
+    def _proposal(self, name: str, head: str, source: str, running: list[str],
+                  descriptions: list[str]) -> tuple[str, str, str]:
         """(parent, new train.py, description), in a thread: external agents think side by side."""
         if self.args.agent == "builtin":
             new_source, description = self.proposer.propose_source(source, running)
@@ -292,7 +294,7 @@ class Driver:
                                                              self.args.agent_timeout, workdir)
         git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
         git.git(agent.workdir, "clean", "-q", "-f", "-d")
-        description = agent.propose({})
+        description = agent.propose({"in_flight": descriptions})
         return head, (agent.workdir / run.EDITABLE).read_text(), description
 
     def proposed(self, future) -> None:
@@ -472,14 +474,14 @@ def main(repo: Path, args, log=print) -> int:
     hw = machine.hardware()
     existing = loop.existing_tag(repo, args.tag)
     workers, threads = plan(args, hw, run.tag_threads(existing) if existing else None)
+    if existing and run.tag_threads(existing) != threads:
+        raise run.HarnessError(f"tag {existing['tag']} runs every experiment with {run.tag_threads(existing)} "
+                               f"thread(s), and rows with other resources are never compared: use --threads "
+                               f"{run.tag_threads(existing)}, or a new tag (--tag NEWTAG).")
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     ray, workers, gpu = start_ray(address, workers, threads, hw, log)
     try:
         config = loop.ensure_tag(repo, args.tag, log, threads=threads)
-        if run.tag_threads(config) != threads:
-            raise run.HarnessError(f"tag {config['tag']} runs every experiment with {run.tag_threads(config)} "
-                                   f"thread(s), and rows with other resources are never compared: use --threads "
-                                   f"{run.tag_threads(config)}, or a new tag (--tag NEWTAG).")
         run.recover(repo, log, parallel=True)
         driver = Driver(repo, config, args, ray, gpu, log)
         try:

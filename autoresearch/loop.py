@@ -98,7 +98,8 @@ BASELINE_TRIES = 3
 
 def parallel(args) -> bool:
     """Whether the loop runs on Ray workers (cluster.py): --workers, --ray-address or RAY_ADDRESS."""
-    return bool(getattr(args, "workers", None) or getattr(args, "ray_address", None) or os.environ.get("RAY_ADDRESS"))
+    return (getattr(args, "workers", None) is not None or bool(getattr(args, "ray_address", None))
+            or bool(os.environ.get("RAY_ADDRESS")))
 
 
 def main(repo: Path, args, log=print) -> int:

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -301,3 +302,23 @@ def test_a_busy_machine_is_waited_for_then_named(repo, env):
     assert ledger.read(repo / "results.tsv") == []  # nothing ran, nothing to record
     out = cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_LOAD_WAIT="soon"))
     assert out.returncode == 2 and "AUTORESEARCH_LOAD_WAIT='soon' is not a number" in out.stderr
+
+
+# --- parallel workers ---------------------------------------------------------------------------------------
+
+
+def test_bad_worker_settings_are_clear_errors_before_anything_starts(repo, env):
+    out = cli(repo, "loop", "--workers", "0", env=env, timeout=60)
+    assert out.returncode == 2 and "--workers 0: give at least 1" in out.stderr
+    out = cli(repo, "loop", "--workers", "1000", "--threads", "1", env=env, timeout=60)
+    assert out.returncode == 2 and "1000 workers of 1 thread(s) need 1000 cores" in out.stderr
+    assert "--workers" in out.stderr.split("this machine has")[1]  # the fix, with the number that fits
+    start = time.time()
+    out = cli(repo, "loop", "--ray-address", "127.0.0.1:9", env=env, timeout=60)
+    assert out.returncode == 2 and "no Ray cluster answers at 127.0.0.1:9" in out.stderr
+    assert "ray start --head" in out.stderr and time.time() - start < 30
+    assert cli(repo, "setup", "--tag", "two", env=env, timeout=60).returncode == 0  # runs with every core
+    out = cli(repo, "loop", "--workers", "2", "--threads", "1", env=env, timeout=60)
+    assert out.returncode == 2 and "rows with other resources are never compared" in out.stderr
+    assert "--tag NEWTAG" in out.stderr and "Traceback" not in out.stderr
+    assert ledger.read(repo / "results.tsv") == []

@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from conftest import cli, sh
+from conftest import ROOT, cli, sh
+from test_loop import AGENT
 
 from autoresearch import decide, git, ledger, run
 from autoresearch.cluster import Job, keep_on_branch
@@ -130,8 +131,10 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
         inflight = [json.loads(p.read_text())["run_id"]
                     for p in (repo / ".autoresearch" / "inflight").glob("*.json")]
         assert inflight, "the killed driver had runs in flight"
-        # 3. the next loop records them and goes on
-        done = cli(repo, "loop", "--workers", "2", "--max-experiments", "1", env=env, timeout=400)
+        # 3. the next loop records them and goes on, now with an external agent in its own working copy
+        (tmp_path / "agent.py").write_text(AGENT)
+        agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
+        done = cli(repo, "loop", "--workers", "2", "--max-experiments", "1", "--agent", agent, env=env, timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     finally:
         if proc.poll() is None:
@@ -146,6 +149,10 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
     assert sum(r.status == "keep" and r.decision.startswith("baseline") for r in rows) == 3
     assert not trainings(workers_root) and not ray_processes(t0)
     assert "worker w3 joined" in log.read_text()  # the replacement
+    proposed = [r for r in rows if r.description.startswith("shorter warmdown (0.3)")]
+    assert proposed and "agent also edited prepare.py: reverted" in proposed[0].description
+    assert sh(repo, "git", "status", "--porcelain") == ""  # the agent worked in its own copy
+    assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
 
 
 def test_two_ray_nodes_and_a_node_that_leaves(repo, env, monkeypatch, tmp_path):
