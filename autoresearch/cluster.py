@@ -125,10 +125,12 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
         reachable(address)
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise run.HarnessError(f"cannot join the Ray cluster at {address} ({str(e).splitlines()[0]}). Start it "
-                                   "with `ray start --head` (README: Many experiments at once), or drop "
-                                   "--ray-address/RAY_ADDRESS for a local runtime.") from None
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
+            raise run.HarnessError(
+                f"cannot join the Ray cluster at {address} ({str(e).splitlines()[0]}). A head started by `ray start "
+                "--head` requires its token (Ray 2.59 and later): set RAY_AUTH_MODE=token here and give this machine "
+                "the head's token (`ray get-auth-token` on the head prints it; put it in ~/.ray/auth_token or "
+                "RAY_AUTH_TOKEN). README: Many experiments at once.") from None
         resources = ray.cluster_resources()
         gpu = resources.get("GPU", 0) >= 1
         fit = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 0) // threads)
