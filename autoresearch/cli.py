@@ -6,7 +6,8 @@
   autoresearch status                   best result, counts and the last rows of this tag
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
   autoresearch loop --workers N         N experiments side by side on Ray workers (--ray-address: a cluster)
-  autoresearch report                   progress.png and a text summary
+  autoresearch report                   progress.png and a text summary (--html FILE, --json)
+  autoresearch dashboard                a live page in the browser: progress, the run in flight, every diff
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def _status(repo: Path) -> str:
              f"fingerprint {config['fingerprint'][:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
              "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
-        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} {r.description}"
+        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
+                     f"{f'[{r.worker}] ' if r.worker else ''}{r.description}"
                      + (f"  ({r.decision})" if r.decision and r.decision != "interrupted" else ""))
     pending = run.read_pending(repo)
     if pending is not None:
@@ -63,7 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, help="seconds before the run is killed (default 2 x budget + 120)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
                    help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
-    sub.add_parser("status", help="best result and recent experiments")
+    p = sub.add_parser("status", help="best result and recent experiments")
+    p.add_argument("--json", action="store_true", help="the same facts as JSON, for agents and scripts")
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
     p.add_argument("--agent", default="builtin", help="builtin (default), claude, codex, aider, or a command line")
     p.add_argument("--max-experiments", type=int, help="stop after this many experiments")
@@ -83,6 +86,11 @@ def main(argv=None) -> int:
     p.add_argument("--results", help="results.tsv to read (default: the repository's)")
     p.add_argument("--tag", help="tag to report (default: the current branch's, else all rows)")
     p.add_argument("--out", default="progress.png")
+    p.add_argument("--html", metavar="FILE", help="write the dashboard as one self-contained page to share")
+    p.add_argument("--json", action="store_true", help="print every fact as JSON instead (no plot)")
+    p = sub.add_parser("dashboard", help="a live dashboard in the browser (read-only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")
 
     args, rest = parser.parse_known_args(argv)
     if args.command == "prepare":
@@ -92,6 +100,7 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from autoresearch import agents, git, ledger, lock, run
+    from autoresearch.dashboard import DashboardError
     import prepare
     try:
         if args.command == "report":
@@ -99,13 +108,29 @@ def main(argv=None) -> int:
             print(report.main(args))
             return 0
         repo = run.repo_root()
+        if args.command == "dashboard":
+            from autoresearch import dashboard
+            server = dashboard.serve(repo, args.host, args.port)
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                pass
+            finally:
+                server.server_close()
+            return 0
         if args.command in ("setup", "run", "loop"):
             with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
                 return _change_state(repo, args)
+        elif args.command == "status" and args.json:
+            import json
+
+            from autoresearch import dashboard
+            config = run.load_tag(repo)
+            print(json.dumps(dashboard.facts(repo / "results.tsv", repo, config["tag"]), indent=1))
         elif args.command == "status":
             print(_status(repo))
     except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
-            lock.LockHeld) as e:
+            lock.LockHeld, DashboardError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -365,6 +365,10 @@ class Driver:
             row.commit = keep_on_branch(self.repo, job)[:7]
         self.record(row, inflight)
         run.publish_log(self.repo, run_dir / "run.log")
+        if res.get("retire"):
+            self.log(f"worker {job.worker} on {job.host} no longer matches the tag: replaced")
+            self.lost(job.worker)
+            return
         self.free.append(job.worker)
         agent = self.agents.get(job.worker)
         if agent is not None:
@@ -385,6 +389,7 @@ class Driver:
     # --- the loop -------------------------------------------------------------------------------------
 
     def main(self, workers: int) -> int:
+        from autoresearch import loop
         self.spawn(workers)
         start = time.time()
         # All of them, or after JOIN_WAIT s whoever is there (the others join when the cluster has room)
@@ -399,8 +404,12 @@ class Driver:
         self.log(f"loop on {self.config['branch']} with {len(self.workers)} worker(s) of {self.threads} thread(s) "
                  f"each, agent {self.args.agent}; Ctrl-C stops and records the runs in flight as interrupted")
         idle_since = None
+        stop = loop.dashboard_stop(self.repo)
         try:
             while True:
+                if not self.stopping and stop():
+                    self.log("asked to stop from the dashboard: no new experiments; the runs in flight finish")
+                    self.stopping = True
                 rows = ledger.read(self.results, self.config["tag"])
                 while self.free:
                     what = self.next_job(rows, self.free[0])

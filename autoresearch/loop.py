@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -62,25 +63,39 @@ def make_agent(repo: Path, config: dict, spec: str, agent_timeout: float):
 
 
 class Progress:
-    """A progress bar over the running experiment's budget."""
+    """The running experiment's progress over its budget: a bar on a terminal; plain lines otherwise (a log file,
+    `| tee`), one per step line the training logs, instead of a bar's carriage returns."""
 
     def __init__(self, budget: float, label: str):
         self.budget, self.label = budget, label
+        # the bar on stderr when both streams are a terminal; else plain lines with the loop's own, on stdout
+        self.plain = not (sys.stdout.isatty() and sys.stderr.isatty())
+        self.stream = sys.stdout if self.plain else sys.stderr
         self.restart()
 
     def restart(self):
         """A fresh bar for the next run of the experiment (a repeat)."""
+        self.last = None
+        if self.plain:
+            return
         from tqdm import tqdm
-        self.bar = tqdm(total=round(self.budget), desc=self.label[:40], unit="s", leave=False,
+        self.bar = tqdm(total=round(self.budget), desc=self.label[:40], unit="s", leave=False, file=self.stream,
                         bar_format="{desc} |{bar}| {n:.0f}/{total:.0f}s")
 
-    def __call__(self, elapsed):
-        if elapsed is not None:
-            self.bar.n = min(self.bar.total, elapsed)
-            self.bar.refresh()
+    def __call__(self, elapsed, step_line=None):
+        if elapsed is None:
+            return
+        if self.plain:
+            if step_line and step_line != self.last:
+                self.last = step_line
+                print(f"  {step_line}", file=self.stream, flush=True)
+            return
+        self.bar.n = min(self.bar.total, elapsed)
+        self.bar.refresh()
 
     def close(self):
-        self.bar.close()
+        if not self.plain:
+            self.bar.close()
 
 
 def line(n: int, r: ledger.Row) -> str:
@@ -118,6 +133,7 @@ def main(repo: Path, args, log=print) -> int:
     agent = make_agent(repo, config, args.agent, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     done, failures = 0, 0
+    stop = dashboard_stop(repo)
     log(f"loop on {config['branch']} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
     while (args.max_experiments is None or done < args.max_experiments) and (deadline is None or time.time() < deadline):
@@ -166,4 +182,21 @@ def main(repo: Path, args, log=print) -> int:
             progress.close()
         done += 1
         agent.observe(outcomes[-1])
+        if stop():
+            log("stopping: asked to from the dashboard (.autoresearch/stop)")
+            return 0
     return 0
+
+
+def dashboard_stop(repo: Path):
+    """A check for the dashboard's stop button: a stop file left from before this loop is forgotten."""
+    from autoresearch.dashboard import stop_path
+    path = stop_path(repo)
+    path.unlink(missing_ok=True)
+
+    def requested() -> bool:
+        if path.exists():
+            path.unlink(missing_ok=True)
+            return True
+        return False
+    return requested

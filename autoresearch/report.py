@@ -225,10 +225,17 @@ def main(args) -> str:
             from autoresearch import git
             branch = git.branch(repo)
             tag = branch[len(run.BRANCH_PREFIX):] if branch.startswith(run.BRANCH_PREFIX) else None
+    repo = path.parent if (path.parent / ".git").exists() else None
+    if args.json or args.html:
+        from autoresearch import dashboard
+        data = dashboard.facts(path, repo, tag)
+        if args.json:
+            return json.dumps(data, indent=1)
+        Path(args.html).write_text(dashboard.page(dashboard.attach_details(data, repo)), encoding="utf-8")
+        return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
     rows = ledger.read(path, tag, old_ok=True)
     if not rows:
         raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + ".")
-    repo = path.parent if (path.parent / ".git").exists() else None
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
     tests = test_scores(decide.finished(rows), path.parent / run.STATE_DIR / "runs")

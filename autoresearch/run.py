@@ -292,15 +292,18 @@ def _tail(path: Path, n: int = 50) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-def _progress_seconds(log_path: Path) -> float | None:
-    """Training seconds elapsed according to the newest `elapsed=` in the log."""
+def _progress(log_path: Path) -> tuple[float | None, str | None]:
+    """Training seconds elapsed according to the newest step line in the log, and that line."""
     try:
         with open(log_path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
-            found = re.findall(rb"elapsed=(\d+)s", f.read())
-        return float(found[-1]) if found else None
+            found = re.findall(rb"^(step=.*elapsed=(\d+)s.*)$", f.read(), re.M)
     except OSError:
-        return None
+        return None, None
+    if not found:
+        return None, None
+    line, elapsed = found[-1]
+    return float(elapsed), line.decode(errors="replace").strip()
 
 
 @dataclass
@@ -397,7 +400,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
                 known += tree
                 _atomic_json(pending_path, pending)
             if on_progress:
-                on_progress(_progress_seconds(run_dir / "run.log"))
+                on_progress(*_progress(run_dir / "run.log"))
             time.sleep(0.2)
     finally:
         known += [i for i in lock.descendants() if i not in known]

@@ -149,9 +149,9 @@ class Worker:
         (self.copy / run.EDITABLE).write_text(job["source"])
         where = {"worker": self.name, "host": self.host, "device": self.device, "protection": self.protection}
         problem = run.preflight(self.copy, self.config, worker=True)
-        if problem:
+        if problem:  # this machine changed since it joined (its data, say): every later run would be refused too
             return dict(where, status="refused", reason=problem, result=None, evaluation={},
-                        training=asdict(run.Training(None, False, None, 0.0)), log="")
+                        training=asdict(run.Training(None, False, None, 0.0)), log="", retire=True)
         run_dir = self.copy / STATE / "runs" / job["run_id"]
         run_dir.mkdir(parents=True)
         pending_path = self.copy / STATE / "pending.json"

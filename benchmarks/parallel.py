@@ -92,6 +92,10 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="threads per worker, the same in every arm")
     parser.add_argument("--out", help="JSON lines file (default benchmarks/results/parallel-<date>.jsonl)")
     args = parser.parse_args()
+    # Started in the background by a shell without job control, this process inherits SIGINT ignored, and so
+    # would each loop, which then cannot be stopped with Ctrl-C at the window's end. A handler here makes the
+    # loops start with the default again.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"parallel-{time.strftime('%Y-%m-%d')}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="autoresearch-parallel-logs-"))

@@ -146,6 +146,9 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
     died = [r for r in rows if "died:" in r.description]
     assert len(died) == 1 and decide.is_interruption(died[0]) and died[0].worker
     assert {r.device for r in rows} == {"cpu x1"} and {r.worker for r in rows} >= {"w1", "w2", "w3"}
+    finished = [r for r in rows if r.val_bpb > 0]
+    log_text = (repo / ".autoresearch" / "runs" / finished[0].run_id / "run.log").read_text()
+    assert "threads=1" in log_text and "val_bpb=" in log_text  # set explicitly, whatever Ray's default
     assert sum(r.status == "keep" and r.decision.startswith("baseline") for r in rows) == 3
     assert not trainings(workers_root) and not ray_processes(t0)
     assert "worker w3 joined" in log.read_text()  # the replacement

@@ -94,3 +94,17 @@ def test_open_series_from_the_ledger():
     assert open_series(interrupted).runs == 1
     assert open_series(interrupted + [_row("crash", 0.0, "b")]) is None
     assert open_series(confirming + [_row("discard", 1.7, "b", "P 0.1 < 0.5 after 2 runs")]) is None
+
+
+def test_parallel_workers_leave_several_series_open_and_each_closes_on_its_own_rows():
+    from autoresearch.decide import open_series, open_serieses, series_of
+    three = [_row("keep", 1.6, "a", f"baseline {i}/3", "baseline") for i in (1, 2, 3)]
+    # b and c confirm side by side; d's first run is discarded in between: it closes neither
+    rows = three + [_row("confirm", 1.59, "b", "P 0.7", "try b"), _row("confirm", 1.58, "c", "P 0.8", "try c"),
+                    _row("discard", 1.8, "d", "3 sigma worse", "try d")]
+    assert [s.config for s in open_serieses(rows)] == ["b", "c"]  # the one waiting longest first
+    assert open_series(rows).config == "c"
+    rows.append(_row("discard", 1.62, "b", "P 0.3 < 0.5 after 2 runs"))
+    assert [s.config for s in open_serieses(rows)] == ["c"] and series_of(rows, "b") is None
+    rows.append(_row("crash", 0.0, "c", "interrupted"))  # a worker died during c's run: still open
+    assert series_of(rows, "c").runs == 1

@@ -3,6 +3,7 @@
 import ast
 import difflib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -74,6 +75,8 @@ def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     out = cli(repo, "loop", "--tag", "night", "--max-experiments", "2", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     first = rows(repo)
+    # not a terminal: plain lines (the training's step lines among them), no progress bar's carriage returns
+    assert "\r" not in out.stdout + out.stderr and re.search(r"^  step=\s*1 \| loss=", out.stdout, re.M)
     assert [r.description for r in first[:3]] == ["baseline", "baseline [run 2]", "baseline [run 3]"]
     assert all(r.status == "keep" for r in first[:3])
     configs = list(dict.fromkeys(r.config for r in first))
