@@ -79,7 +79,14 @@ def in_flight(repo: Path) -> list[dict]:
             job = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        out.append({k: job.get(k) for k in ("run_id", "tag", "description", "started", "worker", "host")})
+        entry = {k: job.get(k) for k in ("run_id", "tag", "description", "started", "worker", "host")}
+        try:  # a worker on this machine: its log is in its working copy (worker.py)
+            from autoresearch.worker import workers_dir
+            log = workers_dir(job["tag"], repo) / job["worker"] / run.STATE_DIR / "runs" / job["run_id"] / "run.log"
+            entry.update(parse_log(log.read_text(errors="replace")))
+        except (OSError, KeyError, TypeError):
+            pass  # on another machine
+        out.append(entry)
     return out
 
 

@@ -168,7 +168,7 @@ def test_two_ray_nodes_and_a_node_that_leaves(repo, env, monkeypatch, tmp_path):
     try:
         second = cluster.add_node(num_cpus=1)
         watch = BranchWatch(repo, "autoresearch/two")
-        proc = loop_process(repo, env, "--ray-address", cluster.address, "--tag", "two", "--max-experiments", "2",
+        proc = loop_process(repo, env, "--ray-address", cluster.address, "--tag", "two", "--max-experiments", "1",
                             log=log)
         running = wait_for(lambda: len(found := [p for p in trainings("/") if "two-" in str(p.cwd())]) == 2 and found,
                            120, "a training on each node")
