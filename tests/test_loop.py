@@ -104,6 +104,8 @@ AGENT = textwrap.dedent('''
     open("train.py", "w").write(src)
     if "--sneaky" in sys.argv:
         open("prepare.py", "a").write("# easier metric\\n")
+    if "--stop" in sys.argv:  # as the dashboard's button does: the loop stops after this experiment
+        open(".autoresearch/stop", "w").write("stop")
     print("thinking...")
     print("DESCRIPTION: shorter warmdown (0.3)")
 ''')
@@ -111,10 +113,11 @@ AGENT = textwrap.dedent('''
 
 def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
-    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", "--decision", "naive",
+    agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky --stop"
+    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "5", "--decision", "naive",
               env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "stopping: asked to from the dashboard" in out.stdout  # after 2 of the 5 experiments
     baseline, change = rows(repo)
     assert baseline.description == "baseline"
     assert change.description.startswith("shorter warmdown (0.3)")
