@@ -30,7 +30,7 @@ def _status(repo: Path) -> str:
     damaged = []
     rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    from autoresearch import machine, report
+    from autoresearch import dashboard, machine, report
     hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
     lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s on the {config['clock']} clock | "
              f"fingerprint {config['fingerprint'][:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
@@ -46,6 +46,12 @@ def _status(repo: Path) -> str:
         else:
             lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
                          "next `autoresearch run` or `loop` records it and puts the branch back")
+    alive = lock.is_held(run.state_dir(repo))
+    for job in dashboard.in_flight(repo):  # a parallel loop's runs (pending.json is shown above)
+        if job.get("worker"):
+            lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
+                         f"{job['description']} (run {job['run_id']}, started {job['started']})"
+                         + ("" if alive else "; its driver died, and the next `autoresearch loop` or `run` records it"))
     lines += [f"warning: {problem}" for problem in damaged]
     return "\n".join(lines)
 

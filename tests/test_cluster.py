@@ -131,6 +131,8 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
         inflight = [json.loads(p.read_text())["run_id"]
                     for p in (repo / ".autoresearch" / "inflight").glob("*.json")]
         assert inflight, "the killed driver had runs in flight"
+        status = cli(repo, "status", env=env)
+        assert status.returncode == 0 and status.stdout.count("interrupted on w") == len(inflight), status.stdout
         # 3. the next loop records them and goes on, now with an external agent in its own working copy
         (tmp_path / "agent.py").write_text(AGENT)
         agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
