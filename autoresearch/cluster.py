@@ -79,23 +79,11 @@ def plan(args, hw: dict, tag_threads: int | None) -> tuple[int | None, int]:
         raise run.HarnessError(f"--workers {workers}: give at least 1.")
     threads = args.threads or tag_threads
     if threads is None:
-        threads = max(1, hw["cores"] // (workers or (gpu_count() if hw["device"] == "cuda" else hw["cores"])))
+        devices = len(machine.gpu_names()) if hw["device"] == "cuda" else hw["cores"]
+        threads = max(1, hw["cores"] // (workers or devices))
     if threads < 1:
         raise run.HarnessError(f"--threads {threads}: give at least 1.")
     return workers, threads
-
-
-def gpu_count() -> int:
-    import shutil
-    import subprocess
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return len([line for line in out.splitlines() if line.strip()])
 
 
 def reachable(address: str, timeout: float = 10.0) -> None:
@@ -143,7 +131,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
                                    "or --threads, or add machines.")
         return ray, workers, gpu
     gpu = hw["device"] == "cuda"
-    gpus = gpu_count() if gpu else 0
+    gpus = len(machine.gpu_names()) if gpu else 0
     workers = workers or (gpus if gpu else max(1, hw["cores"] // threads))
     if workers * threads > hw["cores"]:
         raise run.HarnessError(f"{workers} workers of {threads} thread(s) need {workers * threads} cores; this "

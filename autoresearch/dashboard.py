@@ -51,13 +51,6 @@ def parse_log(text: str) -> dict:
     return {"curve": curve, **(last or {})}
 
 
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
 def in_flight(repo: Path) -> list[dict]:
     """The runs in flight: `autoresearch run`'s pending.json with its live log, and a parallel driver's
     dispatched runs (their logs are on the workers)."""
@@ -196,7 +189,7 @@ def diff(repo: Path, commit: str) -> str:
 def log_tail(repo: Path, run_id: str) -> str:
     if not re.fullmatch(r"[0-9A-Za-z-]+", run_id):
         raise DashboardError(f"not a run id: {run_id!r}")
-    return _tail(run.state_dir(repo) / "runs" / run_id / "run.log")
+    return run._tail(run.state_dir(repo) / "runs" / run_id / "run.log", 40)
 
 
 def attach_details(data: dict, repo: Path | None) -> dict:

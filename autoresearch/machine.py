@@ -44,15 +44,21 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _gpu_name() -> str | None:
+def gpu_names() -> list[str]:
+    """The names of this machine's NVIDIA GPUs, one per device (none without nvidia-smi)."""
     if shutil.which("nvidia-smi") is None:
-        return None
+        return []
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20).stdout.strip().splitlines()
+                             text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out[0].strip() if out else None
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _gpu_name() -> str | None:
+    names = gpu_names()
+    return names[0] if names else None
 
 
 def hardware() -> dict:
