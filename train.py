@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+import shutil
+
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -68,7 +70,8 @@ WARMDOWN_RATIO = 0.5
 FINAL_LR_FRAC = 0.0
 
 # execution
-USE_COMPILE = False if CPU else True       # torch.compile; its time counts against the budget
+USE_COMPILE = True                         # torch.compile where it can run (see pick_compile); its time counts
+                                           # against the budget, ~30 s cold on 2 CPU cores, ~3 s from the cache
 LOG_EVERY = 50
 
 # ---------------------------------------------------------------------------
@@ -255,11 +258,11 @@ class GPT(nn.Module):
 # ---------------------------------------------------------------------------
 
 
-def orthogonalize(G, steps=5):
-    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix (quintic, Muon's coefficients).
-    bf16 on CUDA; float32 elsewhere (bf16 matmuls are slow on CPUs)."""
+def orthogonalize(G, dtype, steps=5):
+    """Newton-Schulz iteration towards the nearest semi-orthogonal matrix (quintic, Muon's coefficients), for a
+    stack of matrices (..., rows, cols), in the training's matmul dtype."""
     a, b, c = 3.4445, -4.7750, 2.0315
-    X = G.bfloat16() if G.is_cuda else G.float()
+    X = G.to(dtype)
     transposed = X.size(-2) > X.size(-1)
     if transposed:
         X = X.mT
@@ -273,27 +276,30 @@ def orthogonalize(G, steps=5):
 
 
 class Muon(torch.optim.Optimizer):
-    def __init__(self, params, lr, momentum, weight_decay):
+    """Matrices of one shape are orthogonalized as one stack: on 2 CPU cores that took the 24 Newton-Schulz
+    calls of the default model from 22 ms to 12 ms a step, 8 ms compiled, in bf16 (BENCHMARKS.md)."""
+
+    def __init__(self, params, lr, momentum, weight_decay, dtype, orthogonalize=orthogonalize):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        self.dtype, self.orthogonalize = dtype, orthogonalize
 
     @torch.no_grad()
     def step(self):
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "buf" not in state:
-                    state["buf"] = torch.zeros_like(p)
-                buf = state["buf"]
-                buf.lerp_(p.grad, 1 - group["momentum"])
-                update = orthogonalize(p.grad.lerp(buf, group["momentum"]))  # Nesterov
-                scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                p.add_(update, alpha=-group["lr"] * scale)
+            params = [p for p in group["params"] if p.grad is not None]
+            for shape in dict.fromkeys(p.shape for p in params):
+                ps = [p for p in params if p.shape == shape]
+                grads = [p.grad for p in ps]
+                bufs = [self.state[p].setdefault("buf", torch.zeros_like(p)) for p in ps]
+                torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+                nesterov = torch._foreach_lerp(grads, bufs, group["momentum"])
+                update = self.orthogonalize(torch.stack(nesterov), self.dtype)
+                scale = max(1.0, shape[-2] / shape[-1]) ** 0.5
+                torch._foreach_mul_(ps, 1 - group["lr"] * group["weight_decay"])
+                torch._foreach_add_(ps, update.unbind(0), alpha=-group["lr"] * scale)
 
 
-def make_optimizers(model: GPT):
+def make_optimizers(model: GPT, dtype=torch.float32, compiled=False):
     matrices = [p for p in model.blocks.parameters() if p.dim() == 2]
     # AdamW learning rates are tuned at width 768; scale as 1/sqrt(width)
     scale = (model.cfg.n_embd / 768) ** -0.5
@@ -303,7 +309,8 @@ def make_optimizers(model: GPT):
         dict(params=[model.resid_lambdas, model.x0_lambdas], lr=SCALAR_LR),
     ]
     adam = torch.optim.AdamW(adam_groups, betas=ADAM_BETAS, eps=1e-10, weight_decay=0.0)
-    muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY)
+    muon = Muon(matrices, lr=MATRIX_LR, momentum=MUON_MOMENTUM, weight_decay=WEIGHT_DECAY, dtype=dtype,
+                orthogonalize=torch.compile(orthogonalize, dynamic=False) if compiled else orthogonalize)
     assert len(matrices) + sum(len(g["params"]) for g in adam_groups) == len(list(model.parameters()))
     for opt in (adam, muon):
         for group in opt.param_groups:
@@ -341,11 +348,35 @@ def pick_device():
 
 
 def pick_dtype(device):
-    # bf16 autocast only where the hardware does it well (CUDA sm80+); on this CPU a bf16 matmul is ~5x slower
-    # than fp32, and on MPS float32 is the reliable choice.
-    if device.type == "cuda" and torch.cuda.get_device_capability()[0] >= 8:
-        return torch.bfloat16
-    return torch.float32
+    """The matmul dtype (bf16 autocast or float32) and why. bf16 only where the hardware does it well: CUDA
+    sm80+, and CPUs whose measured bf16 matmul is at least twice their fp32 one. That holds with AMX (a 2-core
+    Sapphire-Rapids-class Xeon: 2,016 against 340 GFLOP/s); without bf16 units (a 2-core AMD EPYC) a bf16
+    matmul was ~5x slower than fp32. On MPS float32 is the reliable choice."""
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability()[0] >= 8:
+            return torch.bfloat16, "CUDA sm80+: bf16 tensor cores"
+        return torch.float32, "CUDA before sm80: no fast bf16"
+    if device.type == "cpu":
+        fp32, bf16 = peak_flops(device, torch.float32), peak_flops(device, torch.bfloat16)
+        verdict = (torch.bfloat16, "at least 2x") if bf16 >= 2 * fp32 else (torch.float32, "under 2x")
+        return verdict[0], f"CPU bf16 matmul {bf16 / 1e9:,.0f} GFLOP/s against fp32 {fp32 / 1e9:,.0f}: {verdict[1]}"
+    return torch.float32, f"{device.type}: float32 is the reliable choice"
+
+
+def pick_compile(device):
+    """Whether torch.compile can run here, and why. Inductor builds C++ on CPUs, so it needs a compiler; MPS
+    support is incomplete. The harness points TORCHINDUCTOR_CACHE_DIR at a cache that outlives the run, so an
+    unchanged graph (most experiments change only constants) compiles in ~3 s instead of ~30 s on 2 cores."""
+    if not USE_COMPILE:
+        return False, "USE_COMPILE is off"
+    if device.type == "mps":
+        return False, "mps: inductor support is incomplete"
+    if device.type == "cpu":
+        compiler = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
+        if compiler is None:
+            return False, "no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels"
+        return True, f"inductor with {compiler}"
+    return True, "inductor"
 
 
 def peak_flops(device, dtype) -> float:
@@ -402,7 +433,8 @@ def main():
     seed = int(os.environ.get("AUTORESEARCH_SEED", "42"))
     torch.manual_seed(seed)
     device = pick_device()
-    dtype = pick_dtype(device)
+    dtype, dtype_reason = pick_dtype(device)
+    compiled, compile_reason = pick_compile(device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -418,13 +450,14 @@ def main():
 
     model = GPT(cfg).to(device)
     model.init_weights()
-    optimizers = make_optimizers(model)
-    step_model = torch.compile(model, dynamic=False) if USE_COMPILE else model
+    optimizers = make_optimizers(model, dtype, compiled)
+    step_model = torch.compile(model, dynamic=False) if compiled else model
     loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device, seed)
     x, y, epoch = next(loader)
     flops_per_token = model.flops_per_token()
     peak = peak_flops(device, dtype)
-    print(f"device={device.type} dtype={str(dtype).removeprefix('torch.')} compile={USE_COMPILE} "
+    print(f"dtype: {dtype_reason}\ncompile: {compile_reason}")
+    print(f"device={device.type} dtype={str(dtype).removeprefix('torch.')} compile={compiled} "
           f"params={model.num_params():,} budget={TIME_BUDGET}s clock={BUDGET_CLOCK} grad_accum={grad_accum} "
           f"profile={PROFILE} seed={seed} threads={torch.get_num_threads()}")
 
@@ -496,7 +529,7 @@ def main():
         "time_budget": TIME_BUDGET, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
         "total_tokens": tokens, "startup_seconds": startup_seconds, "compile_seconds": compile_seconds,
         "tokens_per_second": steady, "mfu_percent": 100 * steady * flops_per_token / peak, "peak_flops": peak,
-        "num_params": model.num_params(), "flops_per_token": flops_per_token, "compiled": USE_COMPILE,
+        "num_params": model.num_params(), "flops_per_token": flops_per_token, "compiled": compiled,
         "flash_attention_3": FA3 is not None, "profile": PROFILE, "seed": seed, "epoch": epoch,
         "budget_clock": BUDGET_CLOCK, "training_wall_seconds": training_wall,
     }, EVAL_BATCH_SIZE)

@@ -13,6 +13,7 @@ series is open is read from the ledger alone, so a kill between any two runs los
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -360,16 +361,18 @@ class CappedLog:
 
 
 def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1) -> Training:
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=()) -> Training:
     """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
-    pending.json so that a later recovery can kill exactly those."""
+    pending.json so that a later recovery can kill exactly those. `spare`: pids of this process's children
+    that are not the training's (the waiting evaluator)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
     env.update(AUTORESEARCH_RUN_DIR=str(run_dir), AUTORESEARCH_SEED=str(seed), AUTORESEARCH_CACHE=str(view),
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
     if "AUTORESEARCH_TIME_BUDGET" in os.environ:
         env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
     env.update(load.clock_env(clock, threads))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(sandbox.compile_cache(prepare_contract().cache_dir()))
     if wrap is not None:
         env["TMPDIR"] = "/tmp"
     argv = [sys.executable, EDITABLE]
@@ -395,7 +398,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
             if now - start > timeout:
                 timed_out = True
                 break
-            tree = [i for i in lock.descendants() if i not in known]
+            tree = [i for i in lock.descendants() if i not in known and i[0] not in spare]
             if tree:
                 known += tree
                 _atomic_json(pending_path, pending)
@@ -403,7 +406,7 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
                 on_progress(*_progress(run_dir / "run.log"))
             time.sleep(0.2)
     finally:
-        known += [i for i in lock.descendants() if i not in known]
+        known += [i for i in lock.descendants() if i not in known and i[0] not in spare]
         _kill_training(pending)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
         lock.reap(known)
@@ -581,71 +584,74 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
     before = guard.snapshot(repo, exclude=[run_dir, pending_path])
     if timeout is None:  # on the cpu clock a busy machine may stretch the budget's wall time
         timeout = (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
-    training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock, threads)
-    log_text = (run_dir / "run.log").read_text(errors="replace")
-    sandbox.keep_measurements(view, fixed.cache)
+    # The evaluator imports torch while train.py starts (evaluate.Evaluator); closed unused if the run fails.
+    with contextlib.closing(evaluate.Evaluator(fixed.source, fixed.cache)) as evaluator:
+        training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock, threads,
+                         spare=[evaluator.proc.pid])
+        log_text = (run_dir / "run.log").read_text(errors="replace")
+        sandbox.keep_measurements(view, fixed.cache)
 
-    # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
-    after = guard.snapshot(repo, exclude=[run_dir, pending_path])
-    tampered = guard.changes(before, after)
-    refusal = crash = None
-    evaluation = {}
-    if tampered:
-        lost = guard.restore(repo, before, after)
-        refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
-                   (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
-    else:
-        try:
-            fingerprint_after = fixed_fingerprint(repo)
-        except HarnessError as e:
-            fingerprint_after = str(e)
-        if fingerprint_after != config["fingerprint"]:
-            refusal = ("the prepared data or prepare.py changed during the run; every later run is refused until "
-                       "`python prepare.py --force` restores it")
-    result = None
-    if refusal is None:
-        result, problem = (None, "") if training.timed_out or training.code != 0 else read_result(run_dir)
-        if training.timed_out:
-            crash = f"timeout after {timeout:.0f} s, killed"
-        elif "FAST_FAIL" in log_text:
-            crash = "FAST_FAIL (loss NaN, infinite or exploding)"
-        elif training.code != 0:
-            crash = f"exit status {training.code}"
-        elif result is None:
-            crash = problem
-        elif result.get("export_error"):
-            crash = f"the model could not be exported: {result['export_error'][:300]}"
-        elif result["time_budget"] != budget:
-            refusal = f"the run used a {result['time_budget']} s budget, not {budget} s"
-        elif training.result_after > budget + fixed.allowance and clock == "wall":
-            refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {budget}"
-                       f" s budget plus the {fixed.allowance:.0f} s allowance for startup and export")
-        elif clock == "cpu" and (training.cpu_at_result or 0) / threads > budget + fixed.allowance:
-            refusal = (f"the run used {training.cpu_at_result / threads:.0f} s of CPU per thread until its result, "
-                       f"more than the {budget} s budget plus the {fixed.allowance:.0f} s allowance")
-    if refusal is None and crash is None:
-        def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
-            pending["processes"].append(lock.identity(pid) or [pid, 0.0])
-            _atomic_json(pending_path, pending)
-            fault_point("evaluating")
-            fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
+        # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
+        after = guard.snapshot(repo, exclude=[run_dir, pending_path])
+        tampered = guard.changes(before, after)
+        refusal = crash = None
+        evaluation = {}
+        if tampered:
+            lost = guard.restore(repo, before, after)
+            refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
+                       (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
+        else:
+            try:
+                fingerprint_after = fixed_fingerprint(repo)
+            except HarnessError as e:
+                fingerprint_after = str(e)
+            if fingerprint_after != config["fingerprint"]:
+                refusal = ("the prepared data or prepare.py changed during the run; every later run is refused until "
+                           "`python prepare.py --force` restores it")
+        result = None
+        if refusal is None:
+            result, problem = (None, "") if training.timed_out or training.code != 0 else read_result(run_dir)
+            if training.timed_out:
+                crash = f"timeout after {timeout:.0f} s, killed"
+            elif "FAST_FAIL" in log_text:
+                crash = "FAST_FAIL (loss NaN, infinite or exploding)"
+            elif training.code != 0:
+                crash = f"exit status {training.code}"
+            elif result is None:
+                crash = problem
+            elif result.get("export_error"):
+                crash = f"the model could not be exported: {result['export_error'][:300]}"
+            elif result["time_budget"] != budget:
+                refusal = f"the run used a {result['time_budget']} s budget, not {budget} s"
+            elif training.result_after > budget + fixed.allowance and clock == "wall":
+                refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {budget}"
+                           f" s budget plus the {fixed.allowance:.0f} s allowance for startup and export")
+            elif clock == "cpu" and (training.cpu_at_result or 0) / threads > budget + fixed.allowance:
+                refusal = (f"the run used {training.cpu_at_result / threads:.0f} s of CPU per thread until its result, "
+                           f"more than the {budget} s budget plus the {fixed.allowance:.0f} s allowance")
+        if refusal is None and crash is None:
+            def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
+                pending["processes"].append(lock.identity(pid) or [pid, 0.0])
+                _atomic_json(pending_path, pending)
+                fault_point("evaluating")
+                fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
-        evaluation = evaluate.run_evaluation(
-            fixed.source, run_dir, result["dtype"], result["device"], result["check_bpb"],
-            test_threshold if test_threshold is not None else float("inf"), fixed.cache, timeout=EVAL_TIMEOUT,
-            on_start=evaluator_started)
-        evaluation["outside_s"] = training.result_after - budget
-        if "refused" in evaluation:
-            refusal = evaluation["refused"]
-        elif "error" in evaluation:
-            crash = evaluation["error"]
-        elif result.get("val_bpb") is not None and abs(result["val_bpb"] - evaluation["val_bpb"]) > \
-                evaluate.CHECK_TOLERANCE[result["dtype"]]:
-            refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
-                       f"{evaluation['val_bpb']:.6f}")
-        _atomic_json(run_dir / "evaluation.json", evaluation)
-    status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
-    return Execution(status, refusal or crash or "", result, evaluation, training)
+            evaluation = evaluator.run(
+                run_dir, result["dtype"], result["device"], result["check_bpb"],
+                test_threshold if test_threshold is not None else float("inf"), timeout=EVAL_TIMEOUT,
+                on_start=evaluator_started)
+            evaluation["outside_s"] = training.result_after - budget
+            if "refused" in evaluation:
+                refusal = evaluation["refused"]
+            elif "error" in evaluation:
+                crash = evaluation["error"]
+            elif result.get("val_bpb") is not None and abs(result["val_bpb"] - evaluation["val_bpb"]) > \
+                    evaluate.CHECK_TOLERANCE[result["dtype"]]:
+                refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
+                           f"{evaluation['val_bpb']:.6f}")
+            _atomic_json(run_dir / "evaluation.json", evaluation)
+        status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
+        return Execution(status, refusal or crash or "", result, evaluation, training)
 
 
 def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | None:

@@ -4,7 +4,7 @@ The view is a directory in the run directory with the manifest, the tokenizer an
 files only: prepare.py pointed at it (AUTORESEARCH_CACHE) finds no validation or test split.
 
 Under bubblewrap (`bwrap`, Linux) the training process runs with the whole filesystem read-only, its run
-directory writable, /tmp private, no network, its own process namespace (when it ends, every process it
+directory and the compile cache writable, /tmp private, no network, its own process namespace (when it ends, every process it
 started ends too), and these hidden: the data cache (but the training files it may read), the local corpus
 prepare read, npm's cache, the repository's .git, .autoresearch and results.tsv. Without bubblewrap nothing
 is enforced; the harness still detects what changed afterwards (see guard.py), and the row says so.
@@ -26,6 +26,15 @@ SHARED_CACHE_FILES = ("peak_flops.json",)  # measurements train.py may reuse; co
 
 class SandboxError(RuntimeError):
     pass
+
+
+def compile_cache(cache: Path) -> Path:
+    """torch.compile's cache (TORCHINDUCTOR_CACHE_DIR) for the trainings of one data cache: beside it, so that
+    it outlives each run's private /tmp and an unchanged graph compiles in seconds. Only trainings use it; the
+    harness's evaluation never compiles, so nothing written there can reach the metric."""
+    path = cache.parent / f"{cache.name}-compile"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def training_files(manifest: dict) -> list[str]:
@@ -108,6 +117,8 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
         if f.is_file():
             args += ["--ro-bind", "/dev/null", str(f)]
     args += ["--bind", str(run_dir), str(run_dir)]
+    compiled = str(compile_cache(cache))
+    args += ["--bind", compiled, compiled]
     for rel in training_files(manifest):
         real = str((cache / rel).resolve())
         args += ["--ro-bind", real, real]
