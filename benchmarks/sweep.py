@@ -1,16 +1,23 @@
-"""Full-budget training runs of train.py with some constants changed, one after another.
+"""Full-budget training runs of train.py with some constants changed, over several seeds, side by side.
 
-    python benchmarks/sweep.py --out sweep.jsonl 'baseline' 'DEPTH=6,MODEL_DIM=192' 'USE_COMPILE=True'
+    python benchmarks/sweep.py --seeds 0 1 2 --out sweep.jsonl @d6ebd4d baseline 'DEPTH=6,MODEL_DIM=192'
+    python benchmarks/sweep.py --report sweep.jsonl
 
 Each argument is one configuration: comma-separated NAME=VALUE (Python literals) applied to the active
-profile's constants; 'baseline' changes nothing. Every run writes one JSON line (the run's result.json plus
-the configuration) to --out and prints a table row. Uses the prepared data and AUTORESEARCH_TIME_BUDGET.
+profile's constants of this checkout's train.py; 'baseline' changes nothing; a leading '@REV' takes train.py
+from that git revision instead (e.g. '@d6ebd4d' for an old default, '@d6ebd4d,DEPTH=6'). Runs go seed by seed
+and, within a seed, configuration by configuration, so a slow hour of the machine hits every configuration.
+Every run writes one JSON line (its result.json, the configuration and the seed) to --out and prints a row; at
+the end, and with --report, a table of mean +- sem over seeds per configuration. train.py runs by hand (it
+evaluates val_bpb itself on the validation split, which the harness reproduces to 1e-5 in float32), with the
+prepared data, AUTORESEARCH_TIME_BUDGET (300 s by default), and the harness's compile cache. Run it alone.
 """
 
 import argparse
 import ast
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,37 +27,75 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch.edit import set_constants  # noqa: E402
+from autoresearch.sandbox import compile_cache  # noqa: E402
 
 
-def parse_config(text: str) -> dict:
-    if text == "baseline":
-        return {}
-    return {k.strip(): ast.literal_eval(v.strip()) for k, v in (item.split("=", 1) for item in text.split(","))}
+def parse_config(text: str) -> tuple[str | None, dict]:
+    """(git revision or None, constant changes)."""
+    rev = None
+    if text.startswith("@"):
+        rev, _, text = text[1:].partition(",")
+    if text in ("", "baseline"):
+        return rev, {}
+    return rev, {k.strip(): ast.literal_eval(v.strip()) for k, v in (item.split("=", 1) for item in text.split(","))}
+
+
+def source_of(rev: str | None) -> str:
+    if rev is None:
+        return (ROOT / "train.py").read_text()
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:train.py"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def report(rows: list[dict]) -> None:
+    by = {}
+    for r in rows:
+        by.setdefault(r["config"], []).append(r)
+    print(f"\n{'config':45s} {'n':>2s} {'val_bpb mean':>12s} {'sem':>7s} {'steps':>6s} {'tok/s':>7s} {'compile_s':>9s}")
+    for config, rs in by.items():
+        v = [r["val_bpb"] for r in rs]
+        sem = statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan")
+        print(f"{config:45s} {len(v):2d} {statistics.fmean(v):12.4f} {sem:7.4f} "
+              f"{statistics.median(r['num_steps'] for r in rs):6.0f} "
+              f"{statistics.median(r['tokens_per_second'] for r in rs):7.0f} "
+              f"{statistics.median(r['compile_seconds'] for r in rs):9.1f}")
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("configs", nargs="+")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("configs", nargs="*")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42])
     parser.add_argument("--out", default="sweep.jsonl")
     parser.add_argument("--profile", default="cpu")
+    parser.add_argument("--report", help="only print the table of an earlier --out file")
     args = parser.parse_args()
-    source = (ROOT / "train.py").read_text()
-    print(f"{'config':45s} {'val_bpb':>8s} {'steps':>6s} {'tok/s':>7s} {'mfu%':>5s} {'compile_s':>9s} {'eval_s':>6s}")
-    for text in args.configs:
-        edited = set_constants(source, parse_config(text), args.profile)
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "train.py").write_text(edited)
-            env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT))
-            proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
-            result_path = Path(tmp) / "result.json"
-            if proc.returncode != 0 or not result_path.exists():
-                print(f"{text:45s} crashed: {proc.stdout[-500:]} {proc.stderr[-1500:]}")
-                continue
-            result = json.loads(result_path.read_text()) | {"config": text}
-        with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
-        print(f"{text:45s} {result['val_bpb']:8.4f} {result['num_steps']:6d} {result['tokens_per_second']:7.0f} "
-              f"{result['mfu_percent']:5.1f} {result['compile_seconds']:9.1f} {result['eval_seconds']:6.1f}", flush=True)
+    if args.report:
+        report([json.loads(line) for line in open(args.report)])
+        return
+    editions = {text: set_constants(source_of(rev), changes, args.profile)
+                for text in args.configs for rev, changes in [parse_config(text)]}  # bad configs fail before any run
+    cache = Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
+    done = []
+    print(f"{'config':45s} {'seed':>4s} {'val_bpb':>8s} {'steps':>6s} {'tok/s':>7s} {'mfu%':>5s} {'compile_s':>9s}")
+    for seed in args.seeds:
+        for text, edited in editions.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "train.py").write_text(edited)
+                env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT), AUTORESEARCH_SEED=str(seed),
+                           TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)))
+                proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
+                result_path = Path(tmp) / "result.json"
+                if proc.returncode != 0 or not result_path.exists():
+                    print(f"{text:45s} {seed:4d} crashed: {proc.stdout[-500:]} {proc.stderr[-1500:]}", flush=True)
+                    continue
+                result = json.loads(result_path.read_text()) | {"config": text, "seed": seed}
+            done.append(result)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(result) + "\n")
+            print(f"{text:45s} {seed:4d} {result['val_bpb']:8.4f} {result['num_steps']:6d} "
+                  f"{result['tokens_per_second']:7.0f} {result['mfu_percent']:5.1f} {result['compile_seconds']:9.1f}",
+                  flush=True)
+    report(done)
 
 
 if __name__ == "__main__":
