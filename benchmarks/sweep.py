@@ -8,7 +8,8 @@ profile's constants of this checkout's train.py; 'baseline' changes nothing; a l
 from that git revision instead (e.g. '@d6ebd4d' for an old default, '@d6ebd4d,DEPTH=6'). Runs go seed by seed
 and, within a seed, configuration by configuration, so a slow hour of the machine hits every configuration.
 Every run writes one JSON line (its result.json, the configuration and the seed) to --out and prints a row; at
-the end, and with --report, a table of mean +- sem over seeds per configuration. train.py runs by hand (it
+the end, and with --report, a table of mean +- sem over seeds per configuration, with the median seconds
+outside the budget (the process's wall clock minus its training, which by hand includes the validation pass). train.py runs by hand (it
 evaluates val_bpb itself on the validation split, which the harness reproduces to 1e-5 in float32), with the
 prepared data, AUTORESEARCH_TIME_BUDGET (300 s by default), and the harness's compile cache. Run it alone.
 """
@@ -21,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,14 +53,17 @@ def report(rows: list[dict]) -> None:
     by = {}
     for r in rows:
         by.setdefault(r["config"], []).append(r)
-    print(f"\n{'config':45s} {'n':>2s} {'val_bpb mean':>12s} {'sem':>7s} {'steps':>6s} {'tok/s':>7s} {'compile_s':>9s}")
+    print(f"\n{'config':45s} {'n':>2s} {'val_bpb mean':>12s} {'sem':>7s} {'steps':>6s} {'tok/s':>7s} {'compile_s':>9s} "
+          f"{'outside_s':>9s} {'eval_s':>6s}")
     for config, rs in by.items():
         v = [r["val_bpb"] for r in rs]
         sem = statistics.stdev(v) / len(v) ** 0.5 if len(v) > 1 else float("nan")
         print(f"{config:45s} {len(v):2d} {statistics.fmean(v):12.4f} {sem:7.4f} "
               f"{statistics.median(r['num_steps'] for r in rs):6.0f} "
               f"{statistics.median(r['tokens_per_second'] for r in rs):7.0f} "
-              f"{statistics.median(r['compile_seconds'] for r in rs):9.1f}")
+              f"{statistics.median(r['compile_seconds'] for r in rs):9.1f} "
+              f"{statistics.median(r.get('wall_seconds', float('nan')) - r['training_seconds'] for r in rs):9.1f} "
+              f"{statistics.median(r['eval_seconds'] for r in rs):6.1f}")
 
 
 def main():
@@ -68,6 +73,9 @@ def main():
     parser.add_argument("--out", default="sweep.jsonl")
     parser.add_argument("--profile", default="cpu")
     parser.add_argument("--report", help="only print the table of an earlier --out file")
+    parser.add_argument("--warm", action="store_true",
+                        help="first run each configuration once for 1 s and drop it, so that no seed pays a cold "
+                             "torch.compile (30-90 s on 2 cores for a new graph) and every one starts warm")
     args = parser.parse_args()
     if args.report:
         report([json.loads(line) for line in open(args.report)])
@@ -76,6 +84,14 @@ def main():
                 for text in args.configs for rev, changes in [parse_config(text)]}  # bad configs fail before any run
     cache = Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
     done = []
+    for text, edited in editions.items() if args.warm else ():
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "train.py").write_text(edited)
+            env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT), AUTORESEARCH_TIME_BUDGET="1",
+                       TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)))
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
+            print(f"{text:45s} warmed in {time.perf_counter() - t0:.0f} s", flush=True)
     print(f"{'config':45s} {'seed':>4s} {'val_bpb':>8s} {'steps':>6s} {'tok/s':>7s} {'mfu%':>5s} {'compile_s':>9s}")
     for seed in args.seeds:
         for text, edited in editions.items():
@@ -83,12 +99,15 @@ def main():
                 (Path(tmp) / "train.py").write_text(edited)
                 env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT), AUTORESEARCH_SEED=str(seed),
                            TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)))
+                t0 = time.perf_counter()
                 proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
+                wall = time.perf_counter() - t0
                 result_path = Path(tmp) / "result.json"
                 if proc.returncode != 0 or not result_path.exists():
                     print(f"{text:45s} {seed:4d} crashed: {proc.stdout[-500:]} {proc.stderr[-1500:]}", flush=True)
                     continue
-                result = json.loads(result_path.read_text()) | {"config": text, "seed": seed}
+                result = json.loads(result_path.read_text()) | {"config": text, "seed": seed, "wall_seconds": wall,
+                                                                "cache": str(cache)}
             done.append(result)
             with open(args.out, "a") as f:
                 f.write(json.dumps(result) + "\n")
