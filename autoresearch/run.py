@@ -681,8 +681,9 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
     champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
+    cold = (ex.result.get("compile_seconds") or 0) > decide.COLD_COMPILE * config["budget_s"]
     status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb,
-                          best_row.val_bpb if best_row else None)
+                          best_row.val_bpb if best_row else None, cold)
     return _row(config, commit, description, run_id, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],
                 steps=ex.result["num_steps"], **stats, **common)
 
@@ -799,7 +800,8 @@ def drop_model(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
-def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before) -> tuple[str, dict]:
+def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before,
+          cold: bool = False) -> tuple[str, dict]:
     """The status of a finished run and the statistics its row carries (decide.py)."""
     values = decide.samples(rows)
     values[config_id] = values.get(config_id, []) + [val_bpb]
@@ -814,7 +816,7 @@ def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_
         return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
     if config_id == (champ_row.config or champ_row.commit):
         return "keep", dict(stats, decision="a repeat of the champion")
-    verdict = decide.decide(mine, champ_values, noise)
+    verdict = decide.decide(mine, champ_values, noise, cold=cold)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 

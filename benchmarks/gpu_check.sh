@@ -5,13 +5,14 @@
 #   #    install lacks (tiktoken, regex, safetensors, and kernels for FA3), for the GPU host's Python version.
 #   bash benchmarks/gpu_check.sh pack BUNDLE [--dataset gutenberg|climbmix] [--eval-tokens N] [--python 3.11]
 #   # 2. Copy BUNDLE and this checkout to the GPU host, then, there, offline:
-#   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR]
+#   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR] [--repo DIR]
 #
-# `run` installs the missing wheels into BUNDLE/site (never into the host's Python), points AUTORESEARCH_CACHE
-# at BUNDLE/cache and TORCHINDUCTOR_CACHE_DIR at OUT/inductor, runs `python train.py` by hand (it evaluates
-# val_bpb itself: the validation split is in the bundle) under a hard timeout, and prints, and writes to
-# OUT/gpu_check.json: tok/s, MFU against the GPU's dense bf16 peak (train.py's table: 989 TFLOP/s for an H200),
-# peak memory, compile seconds, whether FA3 or SDPA ran, val_bpb, steps, and the host (GPU, torch, CUDA).
+# `run` runs the train.py of --repo (default: this checkout). It installs the missing wheels into BUNDLE/site
+# (never into the host's Python), points AUTORESEARCH_CACHE at BUNDLE/cache and TORCHINDUCTOR_CACHE_DIR at
+# OUT/inductor, runs `python train.py` by hand (it evaluates val_bpb itself: the validation split is in the
+# bundle) under a hard timeout, and prints, and writes to OUT/gpu_check.json: tok/s, MFU against the GPU's
+# dense bf16 peak (train.py's table: 989 TFLOP/s for an H200), peak memory, compile seconds, whether FA3 or
+# SDPA ran, val_bpb, steps, and the host (GPU, torch, CUDA).
 # The goal is MFU >= 40%. FA3 comes from the `kernels` hub, which needs Hugging Face: offline it runs only when
 # BUNDLE/hf holds that kernel already (HF_HOME); otherwise SDPA runs and the report says so.
 #
@@ -51,11 +52,12 @@ pack() {
 
 run() {
     local bundle="$1"; shift
-    local budget=120 out=""
+    local budget=120 out="" repo="$ROOT"
     while [ $# -gt 0 ]; do
         case "$1" in
             --budget) budget="$2"; shift 2 ;;
             --out) out="$2"; shift 2 ;;
+            --repo) repo="$(cd "$2" && pwd)"; shift 2 ;;
             *) echo "run: unknown option $1" >&2; usage ;;
         esac
     done
@@ -81,11 +83,11 @@ run() {
     fi
     export PYTHONPATH="$bundle/site${PYTHONPATH:+:$PYTHONPATH}"
     export AUTORESEARCH_CACHE="$bundle/cache" AUTORESEARCH_TIME_BUDGET="$budget" AUTORESEARCH_RUN_DIR="$out/run"
-    export TORCHINDUCTOR_CACHE_DIR="$out/inductor" HF_HUB_OFFLINE=1
+    export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$out/inductor}" HF_HUB_OFFLINE=1
     [ -d "$bundle/hf" ] && export HF_HOME="$bundle/hf"
     echo "== train.py, gpu profile, budget ${budget} s; log in $out/train.log"
     local started=$SECONDS status=0
-    (cd "$ROOT" && timeout $((budget * 3 + 300)) "$PYTHON" train.py) 2>&1 | tee "$out/train.log" || status=$?
+    (cd "$repo" && timeout $((budget * 3 + 300)) "$PYTHON" train.py) 2>&1 | tee "$out/train.log" || status=$?
     [ "${PIPESTATUS[0]:-$status}" = 0 ] || status="${PIPESTATUS[0]:-$status}"
     echo "== wall clock of train.py: $((SECONDS - started)) s"
     "$PYTHON" - "$out" "$status" <<'EOF'

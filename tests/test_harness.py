@@ -284,3 +284,32 @@ def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
     assert out.returncode == 2 and "would not be comparable" in out.stderr and "--tag NEWTAG" in out.stderr
     [row] = rows(repo)
     assert row.status == "refused" and "AMD EPYC 7B13" in row.description
+
+
+def test_compiled_runs_reuse_a_compile_cache_that_outlives_the_sandboxed_run(repo, env, small_cache, tmp_path,
+                                                                             bwrap_or_skip):
+    """The shipped train.py compiles (USE_COMPILE). In the sandbox /tmp is fresh every run, so the harness keeps
+    inductor's caches, its precompiled headers included, beside the data cache: the second run of an unchanged
+    graph skips the C++ compile. A cold compile is the whole first step (~40 s here); a warm one a few seconds."""
+    bwrap_or_skip()
+    import shutil
+
+    from autoresearch import sandbox
+    from autoresearch.edit import set_constants
+    cache = tmp_path / "cache"  # a data cache of its own, so its compile cache starts empty
+    shutil.copytree(small_cache, cache)
+    env = dict(env, AUTORESEARCH_CACHE=str(cache))
+    (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True}, "cpu"))
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
+    assert cli(repo, "setup", "--tag", "compiled", env=env).returncode == 0
+    compile_seconds = []
+    for n in range(2):
+        out = cli(repo, "run", "-m", f"compiled {n}", "--decision", "naive", "--sandbox", "on", env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+        log = (repo / "run.log").read_text()
+        assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
+        compile_seconds.append(float(re.search(r"^training=\S+ compile=([\d.]+)s", log, re.M).group(1)))
+    assert compile_seconds[1] < compile_seconds[0] / 3, compile_seconds
+    kept = sandbox.compile_cache(cache)
+    assert any((kept / "fxgraph").iterdir()) and any((kept / "headers").iterdir())
+    assert [r.status for r in rows(repo)][-2:] in (["keep", "keep"], ["keep", "discard"])

@@ -100,3 +100,24 @@ def test_imports_without_training():
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split(maxsplit=1)[1].strip() == "[16, 32]"
+
+
+def test_without_a_cpp_compiler_the_shipped_train_py_runs_eager_and_says_why(small_cache, tmp_path):
+    """torch.compile is on by default, and inductor needs a C++ compiler on a CPU: where none is on PATH the run
+    does not crash on its first step, it trains eager and its log names the reason."""
+    import shutil as sh
+    work = tmp_path / "work"
+    work.mkdir()
+    sh.copy(ROOT / "train.py", work / "train.py")
+    sh.copy(ROOT / "prepare.py", work / "prepare.py")
+    bin_dir = tmp_path / "bin"  # a PATH with python and nothing else
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env.update(PATH=str(bin_dir), AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET="2",
+               AUTORESEARCH_RUN_DIR=str(work / "run"))
+    proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "compile: no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels" in proc.stdout
+    assert "compile=False" in proc.stdout
+    assert json.loads((work / "run" / "result.json").read_text())["compiled"] is False
