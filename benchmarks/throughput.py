@@ -1,11 +1,14 @@
-"""Packing throughput next to training throughput, for the default configuration of the prepared profile.
+"""Packing throughput next to training throughput, and where a training step's time goes, for the prepared
+profile's default model, with or without each speed-up train.py makes by default.
 
-    python benchmarks/throughput.py [--steps 20] [--repeats 5] [--compile]
+    python benchmarks/throughput.py [--steps 30] [--repeats 3] [--arms fp32-eager bf16-eager fp32-compiled bf16-compiled]
 
-Prints the median over --repeats of: the dataloader's packing rate (tokens/s, batches of train.py's
-DEVICE_BATCH_SIZE x MAX_SEQ_LEN), and the training rate of train.py's model and optimizer (tokens/s and MFU,
-steady state, the first step excluded). With --compile, also the compiled model: the first step's time
-(compilation) separately, then its steady rate.
+Prints the dataloader's packing rate (tokens/s, batches of train.py's DEVICE_BATCH_SIZE x MAX_SEQ_LEN), then per
+arm (dtype: autocast bf16 or float32; eager or torch.compile, the model and Muon's Newton-Schulz as train.py
+compiles them) the first step (compilation, from the cache when it is warm), the steady training rate (tokens/s
+and MFU against the probed peak of that dtype, median over --repeats of --steps steps) and the milliseconds
+of a step by part: data, forward, backward, gradient clipping, AdamW, Muon. Arms take turns within each
+repeat, so a slow minute of the machine hits all of them. Run it alone.
 """
 
 import argparse
@@ -21,6 +24,8 @@ import torch  # noqa: E402
 import train  # noqa: E402  (sets flush-denormal first)
 from prepare import MAX_SEQ_LEN, Tokenizer, make_dataloader  # noqa: E402
 
+PARTS = ("data", "forward", "backward", "clip", "adamw", "muon")
+
 
 def packing_rate(tok, n_batches):
     loader = make_dataloader(tok, train.DEVICE_BATCH_SIZE, MAX_SEQ_LEN, seed=123)
@@ -31,61 +36,93 @@ def packing_rate(tok, n_batches):
     return n_batches * train.DEVICE_BATCH_SIZE * MAX_SEQ_LEN / (time.perf_counter() - t)
 
 
-def training_rate(tok, steps, compile_model):
-    device = train.pick_device()
-    dtype = train.pick_dtype(device)
-    cfg = train.GPTConfig(tok.get_vocab_size(), MAX_SEQ_LEN, train.DEPTH, train.MODEL_DIM, train.HEAD_DIM,
-                          train.WINDOW_PATTERN, train.SOFTCAP)
-    model = train.GPT(cfg).to(device)
-    model.init_weights()
-    optimizers = train.make_optimizers(model)
-    step_model = torch.compile(model, dynamic=False) if compile_model else model
-    loader = make_dataloader(tok, train.DEVICE_BATCH_SIZE, MAX_SEQ_LEN, device=device)
-    accum = train.TOTAL_BATCH_SIZE // (train.DEVICE_BATCH_SIZE * MAX_SEQ_LEN)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+class Arm:
+    def __init__(self, tok, name):
+        dtype_name, mode = name.split("-")
+        self.name, self.dtype, self.compiled = name, getattr(torch, {"fp32": "float32"}.get(dtype_name, "bfloat16")), \
+            mode == "compiled"
+        cfg = train.GPTConfig(tok.get_vocab_size(), MAX_SEQ_LEN, train.DEPTH, train.MODEL_DIM, train.HEAD_DIM,
+                              train.WINDOW_PATTERN, train.SOFTCAP)
+        torch.manual_seed(0)
+        self.model = train.GPT(cfg)
+        self.model.init_weights()
+        self.adamw, self.muon = train.make_optimizers(self.model, self.dtype, self.compiled)
+        self.step_model = torch.compile(self.model, dynamic=False) if self.compiled else self.model
+        self.loader = make_dataloader(tok, train.DEVICE_BATCH_SIZE, MAX_SEQ_LEN, seed=1)
+        self.accum = train.TOTAL_BATCH_SIZE // (train.DEVICE_BATCH_SIZE * MAX_SEQ_LEN)
+        self.autocast = torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32)
+        self.peak = train.peak_flops(torch.device("cpu"), self.dtype)
+        t = time.perf_counter()
+        self.step({})
+        self.first = time.perf_counter() - t
+        self.rates, self.parts = [], {p: [] for p in PARTS}
 
-    def step():
-        for _ in range(accum):
-            x, y, _ = next(loader)
-            with autocast:
-                loss = step_model(x, y)
-            (loss / accum).backward()
-        for opt in optimizers:
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        train.sync(device)
+    def step(self, parts):
+        def tick(name, t):
+            now = time.perf_counter()
+            parts[name] = parts.get(name, 0.0) + now - t
+            return now
 
-    t = time.perf_counter()
-    step()
-    first = time.perf_counter() - t
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    rate = steps * train.TOTAL_BATCH_SIZE / (time.perf_counter() - t)
-    mfu = 100 * rate * model.flops_per_token() / train.peak_flops(device, dtype)
-    return first, rate, mfu
+        t = time.perf_counter()
+        for _ in range(self.accum):
+            x, y, _ = next(self.loader)
+            t = tick("data", t)
+            with self.autocast:
+                loss = self.step_model(x, y)
+            t = tick("forward", t)
+            (loss / self.accum).backward()
+            t = tick("backward", t)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        t = tick("clip", t)
+        self.adamw.step()
+        t = tick("adamw", t)
+        self.muon.step()
+        self.model.zero_grad(set_to_none=True)
+        loss.item()
+        tick("muon", t)
+
+    def measure(self, steps):
+        parts = {}
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.step(parts)
+        self.rates.append(steps * train.TOTAL_BATCH_SIZE / (time.perf_counter() - t))
+        for p in PARTS:
+            self.parts[p].append(1000 * parts[p] / steps)
+
+    def row(self):
+        rate = statistics.median(self.rates)
+        mfu = 100 * rate * self.model.flops_per_token() / self.peak
+        ms = {p: statistics.median(v) for p, v in self.parts.items()}
+        return (f"| {self.name} | {self.first:.1f} | {rate:,.0f} | {mfu:.1f} | {sum(ms.values()):.0f} | "
+                + " | ".join(f"{ms[p]:.1f}" for p in PARTS) + " |")
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--compile", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--arms", nargs="+", default=["fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled"],
+                        choices=["fp32-eager", "bf16-eager", "fp32-compiled", "bf16-compiled"])
     args = parser.parse_args()
     tok = Tokenizer.from_directory()
     print(f"profile={train.PROFILE} threads={torch.get_num_threads()} DEPTH={train.DEPTH} MODEL_DIM={train.MODEL_DIM} "
-          f"vocab={tok.get_vocab_size()} seq={MAX_SEQ_LEN} batch={train.TOTAL_BATCH_SIZE} tokens/step")
+          f"vocab={tok.get_vocab_size()} seq={MAX_SEQ_LEN} batch={train.TOTAL_BATCH_SIZE} tokens/step "
+          f"peak fp32 {train.peak_flops(torch.device('cpu'), torch.float32) / 1e9:,.0f} GFLOP/s, "
+          f"bf16 {train.peak_flops(torch.device('cpu'), torch.bfloat16) / 1e9:,.0f} GFLOP/s (train.py's probe)")
     packing = [packing_rate(tok, 200) for _ in range(args.repeats)]
-    eager = [training_rate(tok, args.steps, False) for _ in range(args.repeats)]
-    p = statistics.median(packing)
-    e = statistics.median(r for _, r, _ in eager)
-    print(f"packing:        {p:12,.0f} tok/s   (median of {args.repeats}: {', '.join(f'{x:,.0f}' for x in packing)})")
-    print(f"training eager: {e:12,.0f} tok/s   mfu {statistics.median(m for *_, m in eager):.1f}%   "
-          f"(median of {args.repeats}: {', '.join(f'{r:,.0f}' for _, r, _ in eager)})")
-    print(f"packing / training: {p / e:.0f}x")
-    if args.compile:
-        first, rate, mfu = training_rate(tok, args.steps, True)
-        print(f"training compiled: first step (compilation) {first:.1f} s, then {rate:,.0f} tok/s, mfu {mfu:.1f}%")
+    print(f"packing: {statistics.median(packing):,.0f} tok/s (median of {args.repeats})\n")
+    arms = [Arm(tok, name) for name in args.arms]
+    for _ in range(args.repeats):
+        for arm in arms:
+            arm.measure(args.steps)
+    print("| arm | first step s | tok/s | MFU % | step ms | " + " | ".join(PARTS) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(PARTS))
+    for arm in arms:
+        print(arm.row())
+    base = statistics.median(arms[0].rates)
+    for arm in arms[1:]:
+        print(f"{arm.name}: {statistics.median(arm.rates) / base:.2f}x the tokens/s of {arms[0].name}")
 
 
 if __name__ == "__main__":
