@@ -538,3 +538,8 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Nothing is left to clean up (result.json is written and closed), and Python's own teardown of torch and
+    # torch.compile takes ~1.2 s on 2 CPU cores, all of it outside the budget: skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
