@@ -39,6 +39,7 @@ def build(depth, width, vocab, compiled, dtype):
 
 
 def measure(tok, depth, width, vocab, steps, compiled, dtype):
+    torch._dynamo.reset()  # one process compiles many shapes: past dynamo's 8 recompiles a function runs eager
     model, optimizers = build(depth, width, vocab, compiled, dtype)
     step_model = torch.compile(model, dynamic=False) if compiled else model
     loader = make_dataloader(tok, train.DEVICE_BATCH_SIZE, MAX_SEQ_LEN, seed=1)
