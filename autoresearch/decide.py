@@ -12,8 +12,8 @@ heavier tails.
 The rule (run.py applies it after every run; the numbers behind its constants are in BENCHMARKS.md):
 - the baseline runs BASELINE_RUNS times: the first champion and the first noise estimate;
 - a candidate runs once; worse than the champion's mean by more than DISCARD_MARGIN noise sigmas: discard,
-  unless a cold torch.compile took more than COLD_COMPILE of its budget (a new shape's first run: the
-  same train.py compiles warm next time), which always earns it a second run;
+  unless its first step took more than COLD_COMPILE_S seconds and COLD_COMPILE of its budget (a new shape's
+  cold torch.compile: the same train.py compiles warm next time), which always earns it a second run;
 - otherwise it runs again (status `confirm`), each time with a new seed, until P(better) >= P_KEEP (keep: it is
   the new champion and the branch holds it), P(better) < P_CONTINUE (discard: its mean is no better), or
   MAX_RUNS runs (discard: undecided).
@@ -35,8 +35,9 @@ P_KEEP = 0.98          # keep once P(candidate better than the champion) reaches
 P_CONTINUE = 0.5       # after 2 or more runs, below this the candidate's mean is no better: discard
 DISCARD_MARGIN = 0.5   # after one run: worse than the champion's mean by this many noise sigmas -> discard
 MAX_RUNS = 4           # runs of one candidate before an undecided one is rejected
-COLD_COMPILE = 0.1     # a first run whose first step took more than this fraction of the budget is not discarded
-                       # alone: on 2 CPU cores a new shape's cold compile takes 36-57 s, a warm one ~4 s
+COLD_COMPILE = 0.05    # a first run whose first step took more than this fraction of the budget, and more than
+COLD_COMPILE_S = 15.0  # these seconds, is not discarded alone: on 2 CPU cores a new shape's cold compile took
+                       # 25-57 s, a warm one 5-7 s (BENCHMARKS.md, Speed)
 RULES = ("stat", "naive")
 
 
@@ -82,7 +83,7 @@ def p_better(candidate: list[float], champion: list[float], noise: Noise) -> flo
 def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS,
            cold: bool = False) -> Verdict:
     """The rule above, for a candidate's runs so far against the champion's; `cold`: its last run paid a cold
-    compile (more than COLD_COMPILE of the budget)."""
+    compile (see COLD_COMPILE)."""
     n = len(candidate)
     if noise is None:  # neither has repeats yet: nothing to judge a difference by
         if n >= max_runs:

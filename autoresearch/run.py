@@ -681,7 +681,8 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
     champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
-    cold = (ex.result.get("compile_seconds") or 0) > decide.COLD_COMPILE * config["budget_s"]
+    cold_after = max(decide.COLD_COMPILE * config["budget_s"], decide.COLD_COMPILE_S)  # a new shape's first run
+    cold = (ex.result.get("compile_seconds") or 0) > cold_after
     status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb,
                           best_row.val_bpb if best_row else None, cold)
     return _row(config, commit, description, run_id, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],

@@ -4,8 +4,8 @@ The view is a directory in the run directory with the manifest, the tokenizer an
 files only: prepare.py pointed at it (AUTORESEARCH_CACHE) finds no validation or test split.
 
 Under bubblewrap (`bwrap`, Linux) the training process runs with the whole filesystem read-only, its run
-directory and the compile cache writable, /tmp private, no network, its own process namespace (when it ends, every process it
-started ends too), and these hidden: the data cache (but the training files it may read), the local corpus
+directory and the compile cache writable, /tmp private, no network, its own process namespace (when it ends,
+every process it started ends too), and these hidden: the data cache (but the training files it may read), the local corpus
 prepare read, npm's cache, the repository's .git, .autoresearch and results.tsv. Without bubblewrap nothing
 is enforced; the harness still detects what changed afterwards (see guard.py), and the row says so.
 """

@@ -43,7 +43,7 @@ def test_the_baseline_runs_three_times_with_three_seeds_and_is_the_champion(repo
 def test_sigkill_in_the_middle_of_a_confirmation_series_resumes_with_no_run_lost_or_counted_twice(repo, env):
     assert cli(repo, "setup", "--tag", "k", env=env).returncode == 0
     base = head(repo)
-    noisy_champion(repo, "k", [1.0, 2.0, 1.5])  # mean 1.5, noise 0.5: every candidate gets a second run
+    noisy_champion(repo, "k", [2.5, 4.5, 3.5])  # mean 3.5, noise 1.0: every candidate gets a second run
     (repo / "train.py").write_text((repo / "train.py").read_text() + "# a candidate\n")
     # the harness kills itself while the evaluator scores the series' second run
     killed = cli(repo, "run", "-m", "candidate", env=dict(env, AUTORESEARCH_KILL_AT="evaluating-run-2"))
@@ -74,7 +74,7 @@ def test_sigkill_in_the_middle_of_a_confirmation_series_resumes_with_no_run_lost
 
 def test_an_edit_during_an_unfinished_series_is_a_clear_error(repo, env):
     assert cli(repo, "setup", "--tag", "e", env=env).returncode == 0
-    noisy_champion(repo, "e", [1.0, 2.0, 1.5])
+    noisy_champion(repo, "e", [2.5, 4.5, 3.5])
     (repo / "train.py").write_text((repo / "train.py").read_text() + "# a candidate\n")
     assert cli(repo, "run", "-m", "candidate", env=dict(env, AUTORESEARCH_KILL_AT="evaluating-run-2")).returncode == -9
     (repo / "train.py").write_text((repo / "train.py").read_text() + "# the agent's next idea\n")

@@ -290,7 +290,7 @@ def test_compiled_runs_reuse_a_compile_cache_that_outlives_the_sandboxed_run(rep
                                                                              bwrap_or_skip):
     """The shipped train.py compiles (USE_COMPILE). In the sandbox /tmp is fresh every run, so the harness keeps
     inductor's caches, its precompiled headers included, beside the data cache: the second run of an unchanged
-    graph skips the C++ compile. A cold compile is the whole first step (~40 s here); a warm one a few seconds."""
+    graph skips the C++ compile. Cold, the first step takes ~40-70 s on 2 cores; warm, a few seconds."""
     bwrap_or_skip()
     import shutil
 
@@ -305,11 +305,15 @@ def test_compiled_runs_reuse_a_compile_cache_that_outlives_the_sandboxed_run(rep
     compile_seconds = []
     for n in range(2):
         out = cli(repo, "run", "-m", f"compiled {n}", "--decision", "naive", "--sandbox", "on", env=env)
-        assert out.returncode == 0, out.stdout + out.stderr
-        log = (repo / "run.log").read_text()
+        run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
+        log = (run_dir / "run.log").read_text()
         assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
         compile_seconds.append(float(re.search(r"^training=\S+ compile=([\d.]+)s", log, re.M).group(1)))
-    assert compile_seconds[1] < compile_seconds[0] / 3, compile_seconds
+        if n == 0 and out.returncode != 0:  # at a 2 s budget a cold compile can outlast the 30 s allowance
+            assert "more than the 2 s budget plus the" in out.stdout, out.stdout + out.stderr
+        else:
+            assert out.returncode == 0, out.stdout + out.stderr
+    assert compile_seconds[1] < min(15, compile_seconds[0] / 3), compile_seconds
+    assert rows(repo)[-1].status == "keep"  # the warm run is within the allowance and is recorded as usual
     kept = sandbox.compile_cache(cache)
     assert any((kept / "fxgraph").iterdir()) and any((kept / "headers").iterdir())
-    assert [r.status for r in rows(repo)][-2:] in (["keep", "keep"], ["keep", "discard"])

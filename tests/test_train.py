@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import prepare
+from autoresearch.edit import read_constants
 from conftest import ROOT, eager_train_source
 
 def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None = None, prepare_suffix: str = ""):
@@ -47,7 +48,8 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     assert reason, proc.stdout[:2000]
     bf16, fp32 = (float(reason.group(i).replace(",", "")) for i in (1, 2))
     assert result["dtype"] == ("bfloat16" if bf16 >= 2 * fp32 else "float32"), reason.group(0)
-    assert result["seed"] == 42 and result["total_tokens"] == result["num_steps"] * 2048
+    steps_tokens = read_constants(eager_train_source(), "cpu")["TOTAL_BATCH_SIZE"]
+    assert result["seed"] == 42 and result["total_tokens"] == result["num_steps"] * steps_tokens
     # the budget is honoured: training stops at the first step that ends past it
     step_time = (result["training_seconds"] - result["compile_seconds"]) / max(result["num_steps"] - 1, 1)
     assert budget <= result["training_seconds"] <= budget + 3 * step_time + 0.2
