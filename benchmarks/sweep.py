@@ -66,6 +66,22 @@ def report(rows: list[dict]) -> None:
               f"{statistics.median(r['eval_seconds'] for r in rs):6.1f}")
 
 
+def run_once(source: str, cache: Path, extra_env: dict) -> tuple[dict | str, float]:
+    """Run one train.py by hand in a scratch directory: (its result.json, or the end of its output if it
+    crashed; the process's wall seconds). The compile cache is the harness's, so warm graphs stay warm."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "train.py").write_text(source)
+        env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT),
+                   TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)), **extra_env)
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        result_path = Path(tmp) / "result.json"
+        if proc.returncode != 0 or not result_path.exists():
+            return f"{proc.stdout[-500:]} {proc.stderr[-1500:]}", wall
+        return json.loads(result_path.read_text()), wall
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="*")
@@ -85,29 +101,16 @@ def main():
     cache = Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
     done = []
     for text, edited in editions.items() if args.warm else ():
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "train.py").write_text(edited)
-            env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT), AUTORESEARCH_TIME_BUDGET="1",
-                       TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)))
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
-            print(f"{text:45s} warmed in {time.perf_counter() - t0:.0f} s", flush=True)
+        _, wall = run_once(edited, cache, {"AUTORESEARCH_TIME_BUDGET": "1"})
+        print(f"{text:45s} warmed in {wall:.0f} s", flush=True)
     print(f"{'config':45s} {'seed':>4s} {'val_bpb':>8s} {'steps':>6s} {'tok/s':>7s} {'mfu%':>5s} {'compile_s':>9s}")
     for seed in args.seeds:
         for text, edited in editions.items():
-            with tempfile.TemporaryDirectory() as tmp:
-                (Path(tmp) / "train.py").write_text(edited)
-                env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT), AUTORESEARCH_SEED=str(seed),
-                           TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)))
-                t0 = time.perf_counter()
-                proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
-                wall = time.perf_counter() - t0
-                result_path = Path(tmp) / "result.json"
-                if proc.returncode != 0 or not result_path.exists():
-                    print(f"{text:45s} {seed:4d} crashed: {proc.stdout[-500:]} {proc.stderr[-1500:]}", flush=True)
-                    continue
-                result = json.loads(result_path.read_text()) | {"config": text, "seed": seed, "wall_seconds": wall,
-                                                                "cache": str(cache)}
+            result, wall = run_once(edited, cache, {"AUTORESEARCH_SEED": str(seed)})
+            if isinstance(result, str):
+                print(f"{text:45s} {seed:4d} crashed: {result}", flush=True)
+                continue
+            result |= {"config": text, "seed": seed, "wall_seconds": wall, "cache": str(cache)}
             done.append(result)
             with open(args.out, "a") as f:
                 f.write(json.dumps(result) + "\n")
