@@ -162,14 +162,22 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
 
 def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
+    # SIGINT as a terminal's Ctrl-C delivers it: a runner started in the background by a shell without job control
+    # (`cmd &` in a script) passes SIGINT down ignored, and the loop would never see it
     loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "cc"], cwd=repo, env=slow,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not any("step=" in p.read_text()
-                                              for p in (repo / ".autoresearch" / "runs").glob("*/run.log")):
-        time.sleep(0.2)
-    loop.send_signal(signal.SIGINT)
-    out, _ = loop.communicate(timeout=60)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not any("step=" in p.read_text()
+                                                  for p in (repo / ".autoresearch" / "runs").glob("*/run.log")):
+            time.sleep(0.2)
+        loop.send_signal(signal.SIGINT)
+        out, _ = loop.communicate(timeout=60)
+    finally:  # never leave a 60 s training running beside the tests that follow
+        if loop.poll() is None:
+            loop.kill()
+            loop.communicate()
     assert loop.returncode == 130, out
     [row] = rows(repo)
     assert row.status == "crash" and "interrupted by Ctrl-C" in row.description
