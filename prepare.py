@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
 from contextlib import nullcontext
@@ -61,8 +60,19 @@ def cache_dir() -> Path:
     return Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
 
 
+COMPILE_ONLY_ENV = "AUTORESEARCH_COMPILE_ONLY"  # set by the harness for the compile phase (autoresearch/compiled.py)
+COMPILE_ONLY_BUDGET = 1e-9  # in the compile phase the loop ends after its first step, which compiles
+
+
+def compile_only() -> bool:
+    """Whether this is the harness's compile phase: random tokens, one step, no export (finish does nothing)."""
+    return os.environ.get(COMPILE_ONLY_ENV) == "1"
+
+
 def time_budget() -> int | float:
     """The budget in seconds, exactly as given (AUTORESEARCH_TIME_BUDGET may only shorten it)."""
+    if compile_only():
+        return COMPILE_ONLY_BUDGET
     raw = os.environ.get("AUTORESEARCH_TIME_BUDGET", "").strip()
     if not raw:
         return DEFAULT_TIME_BUDGET
@@ -317,12 +327,33 @@ def split_prefixes(split: str, root: Path | None = None) -> list[Path]:
     return prefixes
 
 
+SEED_ENV = "AUTORESEARCH_SEED"   # the run's seed, set by the harness: each run of a series gets its own
+_data_seed: list[int] = []       # the seed make_dataloader actually used, recorded by finish() in result.json
+
+
+def harness_seed() -> int | None:
+    """The run's seed when the harness runs train.py (None by hand)."""
+    raw = os.environ.get(SEED_ENV, "").strip()
+    return int(raw) if raw.lstrip("-").isdigit() else None
+
+
 def make_dataloader(tokenizer: Tokenizer, batch_size: int, seq_len: int, split: str = "train",
                     device="cpu", seed: int = 0):
     """Infinite iterator of (inputs, targets, epoch): int64 tensors of shape (batch_size, seq_len).
-    Deterministic for a seed; documents are reshuffled every epoch."""
+    Deterministic for a seed; documents are reshuffled every epoch. Under the harness the data order is the
+    harness's: its seed (AUTORESEARCH_SEED) wins over the one passed, so repeats of a configuration are
+    independent samples whatever train.py does."""
     import torch
 
+    if harness_seed() is not None:
+        seed = harness_seed()
+    _data_seed.append(seed)
+    if compile_only():  # the compile phase sees no data: random tokens of the same shape
+        gen = torch.Generator().manual_seed(seed)
+        while True:
+            batch = torch.randint(0, tokenizer.get_vocab_size(), (batch_size, seq_len + 1), generator=gen)
+            batch = batch.to(device)
+            yield batch[:, :-1], batch[:, 1:], 1
     docs = _Documents(split_prefixes(split))
     if len(docs) == 0:
         raise PrepareError(f"The {split} split has no documents; run `python prepare.py --force`.")
@@ -442,10 +473,10 @@ RESULT_FILE = "result.json"
 GRAPH_FILE = "model.graph.json"         # torch.export's serialized graph (JSON)
 TENSORS_FILE = "model.safetensors"      # the graph's parameters and buffers, then "constant/"-prefixed constants
 CONSTANT_PREFIX = "constant/"
-FINAL_LINE = re.compile(r"^val_bpb=(\d+\.\d+) \| memory_gb=(\d+\.\d+) \| steps=(\d+)\s*$", re.M)
 # What result.json must hold, and of what type; train.py may add more.
 RESULT_SCHEMA = {"memory_gb": (int, float), "num_steps": int, "training_seconds": (int, float),
-                 "time_budget": (int, float), "check_bpb": (int, float), "device": str, "dtype": str}
+                 "time_budget": (int, float), "check_bpb": (int, float), "device": str, "dtype": str,
+                 "seed": int}
 
 
 def final_line(val_bpb: float, memory_gb: float, steps: int) -> str:
@@ -487,6 +518,9 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     module, not a torch.compile wrapper."""
     import torch
 
+    if compile_only():  # the compile phase ends here: the cache is filled, nothing is exported or scored
+        print("compile phase done", flush=True)
+        return dict(stats)
     run_dir = Path(os.environ.get("AUTORESEARCH_RUN_DIR") or "runs/latest")
     run_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -495,6 +529,8 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     rows = check_rows(batch_size)
     x = torch.from_numpy(rows[:, :-1]).to(device)
     result = dict(stats)
+    result.setdefault("seed", harness_seed() if harness_seed() is not None else 0)
+    result["data_seed"] = _data_seed[-1] if _data_seed else None  # what the data order used, not train.py's word
     t0 = time.time()
     try:
         with torch.no_grad(), autocast:
@@ -522,6 +558,83 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     else:
         print(f"training done: check_bpb={result['check_bpb']:.6f}; the harness evaluates val_bpb", flush=True)
     return result
+
+# ---------------------------------------------------------------------------
+# Device measurements (DO NOT CHANGE): the peak FLOP/s behind MFU and the CPU dtype choice. Under the harness
+# they are the tag's, measured by the harness once at setup and handed to every run read-only (PEAK_FILE in
+# the data view), so no run can change what a later one reads; by hand they are probed once and cached.
+# ---------------------------------------------------------------------------
+
+PEAK_FILE = "peak_flops.json"
+# Dense peak FLOP/s of known GPUs: (bf16 tensor cores, fp32).
+GPU_PEAK_FLOPS = {
+    "H200": (989e12, 67e12), "H100": (989e12, 67e12), "GH200": (989e12, 67e12), "B200": (2250e12, 80e12),
+    "A100": (312e12, 19.5e12), "A10G": (70e12, 31e12), "L40S": (362e12, 91e12), "L4": (121e12, 30e12),
+    "RTX 4090": (165e12, 83e12), "RTX 3090": (71e12, 36e12), "A6000": (155e12, 39e12),
+}
+
+
+def peak_key(device_type: str, dtype_name: str, threads: int) -> str:
+    import platform
+    return f"{device_type}|{platform.processor() or platform.machine()}|{threads}|{dtype_name}"
+
+
+def probe_flops(device, dtype, seconds: float = 0.25) -> float:
+    """A matmul's best FLOP/s, growing the size from 256 (to 2048 at most) while the next size's product would
+    take under `seconds`: bounded, because a bf16 matmul without bf16 units is slow (1 GFLOP/s on a 2-core AMD
+    EPYC, where the fixed 2048 probe this replaces took 12 minutes)."""
+    import torch
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elif device.type == "mps":
+            torch.mps.synchronize()
+
+    n, best = 256, float("inf")
+    while True:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        a @ a
+        best = float("inf")
+        for _ in range(3):
+            sync()
+            t = time.perf_counter()
+            a @ a
+            sync()
+            best = min(best, time.perf_counter() - t)
+        if best * 8 >= seconds or n >= 2048:
+            return 2 * n**3 / best
+        n *= 2
+
+
+def peak_flops(device, dtype) -> float:
+    """The peak of the device in use for dtype: the table for known GPUs, else the tag's measurement (under the
+    harness), else a probe, cached in the data cache (by hand)."""
+    import torch
+    dtype_name = str(dtype).removeprefix("torch.")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name()
+        for key, (bf16, fp32) in GPU_PEAK_FLOPS.items():
+            if key in name:
+                return bf16 if dtype == torch.bfloat16 else fp32
+    key = peak_key(device.type, dtype_name, torch.get_num_threads())
+    path = cache_dir() / PEAK_FILE
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in known:
+        known[key] = probe_flops(device, dtype)
+        if harness_seed() is None:  # by hand: remember it; under the harness the view is read-only
+            path.write_text(json.dumps(known, indent=1))
+    return float(known[key])
+
+
+def measure_peaks(threads: int) -> dict:
+    """The harness's measurement at setup (a fresh process with `threads` threads): every key a run on this
+    machine's CPU may ask for."""
+    import torch
+    torch.set_num_threads(threads)
+    cpu = torch.device("cpu")
+    return {peak_key("cpu", name, threads): probe_flops(cpu, dtype)
+            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
 
 # ---------------------------------------------------------------------------
 # Fingerprint and verification (DO NOT CHANGE)

@@ -20,10 +20,8 @@ import torch
 torch.set_flush_denormal(True)
 
 import gc
-import json
 import math
 import os
-import platform
 import resource
 import sys
 import time
@@ -34,8 +32,8 @@ import shutil
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, cache_dir, finish,
-                     make_dataloader)
+from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, finish, make_dataloader,
+                     peak_flops)
 
 # ---------------------------------------------------------------------------
 # Hyperparameters: edit these directly.
@@ -328,16 +326,8 @@ def lr_multiplier(progress: float) -> float:
     return cooldown + (1 - cooldown) * FINAL_LR_FRAC
 
 # ---------------------------------------------------------------------------
-# Device helpers: dtype, peak FLOP/s for MFU, memory
+# Device helpers: device, dtype, compile, memory (peak FLOP/s for MFU: prepare.peak_flops)
 # ---------------------------------------------------------------------------
-
-# Dense peak FLOP/s of known GPUs: (bf16 tensor cores, fp32).
-GPU_PEAK_FLOPS = {
-    "H200": (989e12, 67e12), "H100": (989e12, 67e12), "GH200": (989e12, 67e12), "B200": (2250e12, 80e12),
-    "A100": (312e12, 19.5e12), "A10G": (70e12, 31e12), "L40S": (362e12, 91e12), "L4": (121e12, 30e12),
-    "RTX 4090": (165e12, 83e12), "RTX 3090": (71e12, 36e12), "A6000": (155e12, 39e12),
-}
-
 
 def pick_device():
     if torch.cuda.is_available():
@@ -377,41 +367,6 @@ def pick_compile(device):
             return False, "no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels"
         return True, f"inductor with {compiler}"
     return True, "inductor"
-
-
-def peak_flops(device, dtype) -> float:
-    """The peak of the device actually used: the table for known GPUs, else a short matmul probe, cached."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name()
-        for key, (bf16, fp32) in GPU_PEAK_FLOPS.items():
-            if key in name:
-                return bf16 if dtype == torch.bfloat16 else fp32
-    key = f"{device.type}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{dtype}"
-    cache = cache_dir() / "peak_flops.json"
-    known = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in known:
-        n = 2048  # big enough to reach the peak, short enough (~1 s on 2 CPU cores) to run once per machine
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        for _ in range(3):
-            a @ a
-        best = float("inf")
-        for _ in range(10):
-            sync(device)
-            t = time.perf_counter()
-            a @ a
-            sync(device)
-            best = min(best, time.perf_counter() - t)
-        known[key] = 2 * n**3 / best
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps(known, indent=1))
-    return known[key]
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def peak_memory_gb(device) -> float:

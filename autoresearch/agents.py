@@ -1,7 +1,8 @@
 """External coding agents (Claude Code, Codex, aider, or any command line) as proposers for the loop.
 
-The harness builds the prompt, runs the agent with its own timeout in the repository, and afterwards makes
-sure only train.py changed: anything else is put back and the violation goes into the row's description.
+The harness builds the prompt, runs the agent with its own timeout in the repository (under bubblewrap where it
+works, without access to the validation and test files: sandbox.wrap_agent), and afterwards makes sure only
+train.py changed: anything else is put back and the violation goes into the row's description.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from autoresearch import git, ledger
+from autoresearch import git, ledger, sandbox
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -88,6 +89,9 @@ class ExternalAgent:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
+        if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
+            import prepare
+            argv = sandbox.wrap_agent(argv, prepare.cache_dir(), prepare.require_manifest())
         proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.proc = proc

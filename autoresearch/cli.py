@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 
+SANDBOX_HELP = ("run every training under bubblewrap: auto (where it works, default), on (required), off (no "
+                "enforcement, detection only)")
 DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats with new seeds until P(better "
                  "than the champion's mean) >= 0.98 or it is rejected; naive: one run, kept when below the best "
                  "single run (the public project's rule)")
@@ -52,6 +54,7 @@ def _status(repo: Path) -> str:
             lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
                          f"{job['description']} (run {job['run_id']}, started {job['started']})"
                          + ("" if alive else "; its driver died, and the next `autoresearch loop` or `run` records it"))
+    lines += report.flag_lines(rows)
     lines += [f"warning: {problem}" for problem in damaged]
     return "\n".join(lines)
 
@@ -63,14 +66,18 @@ def main(argv=None) -> int:
     sub.add_parser("prepare", help="prepare data and tokenizer", add_help=False)
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
+    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP + "; fixed for the tag")
+    p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 2 x budget + 120); fixed "
+                   "for the tag")
+    p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto", help=SANDBOX_HELP)
     p = sub.add_parser("run", help="run one experiment")
     p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
     p.add_argument("--seed", type=int, default=42,
                    help="seed of the first run; under the stat rule each later run of the tag adds its index")
-    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP)
-    p.add_argument("--timeout", type=float, help="seconds before the run is killed (default 2 x budget + 120)")
-    p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
-                   help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
+    p.add_argument("--decision", choices=["stat", "naive"], help="default: the tag's (set at setup)")
+    p.add_argument("--timeout", type=float, help="seconds before the run is killed (default: the tag's; never more)")
+    p.add_argument("--sandbox", choices=["auto", "on", "off"], help="default: the tag's (set at setup); a run "
+                   "that asks for less protection than its tag is refused")
     p = sub.add_parser("status", help="best result and recent experiments")
     p.add_argument("--json", action="store_true", help="the same facts as JSON, for agents and scripts")
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
@@ -85,9 +92,8 @@ def main(argv=None) -> int:
                    "RAY_ADDRESS) instead of starting a local runtime")
     p.add_argument("--threads", type=int, help="threads per worker's run (default: the cores divided by the "
                    "workers; a tag keeps the count it started with)")
-    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP)
-    p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto",
-                   help="run train.py under bubblewrap: auto (where it works, default), on (required), off")
+    p.add_argument("--decision", choices=["stat", "naive"], help=DECISION_HELP + "; a new tag's, else the tag's")
+    p.add_argument("--sandbox", choices=["auto", "on", "off"], help=SANDBOX_HELP + "; a new tag's, else the tag's")
     p = sub.add_parser("report", help="progress.png and a summary of this tag")
     p.add_argument("--results", help="results.tsv to read (default: the repository's)")
     p.add_argument("--tag", help="tag to report (default: the current branch's, else all rows)")
@@ -149,9 +155,11 @@ def _change_state(repo: Path, args) -> int:
     """setup, run and loop: called with the repository's lock held."""
     from autoresearch import run
     if args.command == "setup":
-        config = run.setup(repo, args.tag)
+        config = run.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
         print(f"on branch {config['branch']}; results go to {repo / 'results.tsv'}")
-        print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s")
+        print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s, protection "
+              f"{config['protection']}, decision {config['decision']}, {config['allowance_s']:g} s allowed outside "
+              f"the budget")
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         return 0
     if args.command == "run":

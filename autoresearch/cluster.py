@@ -56,6 +56,8 @@ class Job:
     protection: str
     started: str
     source: str = ""   # train.py; not written to inflight/
+    champion: str = ""  # the champion's configuration: the run starts from its compile cache (compiled.py)
+    champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
 
 
 def keep_on_branch(repo: Path, job: Job) -> str:
@@ -146,7 +148,10 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
 class Driver:
     def __init__(self, repo: Path, config: dict, args, ray, gpu: bool, log=print):
         self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
-        self.rule = args.decision
+        self.rule = args.decision or config.get("decision") or "stat"
+        pins = run.pin_problems(config, "bwrap" if config.get("protection") == "bwrap" else "none", self.rule, None)
+        if pins:
+            raise run.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
         self.results = repo / "results.tsv"
         self.threads = run.tag_threads(config)
         self.actor_class = ray.remote(Worker).options(
@@ -175,7 +180,7 @@ class Driver:
         for _ in range(n):
             self.count += 1
             name = f"w{self.count}"
-            actor = self.actor_class.remote(str(self.repo), self.config, name, self.args.sandbox)
+            actor = self.actor_class.remote(str(self.repo), self.config, name, self.args.sandbox or "auto")
             self.joining[actor.join.remote()] = (name, actor, time.time())
 
     def joined(self, ref) -> None:
@@ -252,9 +257,11 @@ class Driver:
         repeat = sum(r.config == config_id for r in rows if r.status != "refused") + self.in_flight(config_id) + 1
         seed = 42 + len(rows) + len(self.running) if self.rule == "stat" else 42
         info = self.workers[name][1]
+        champion = run.last_kept_commit(self.repo, self.config, rows)
         return Job(run.new_run_id(), self.config["tag"], commit, parent, config_id, description, seed, repeat, run_no,
                    run.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
-                   info["protection"], run._now(), source)
+                   info["protection"], run._now(), source, run._config_of(self.repo, champion),
+                   git.git(self.repo, "show", f"{champion}:{run.EDITABLE}", strip=False))
 
     def propose(self, name: str, rows) -> None:
         head = git.head(self.repo)
@@ -311,7 +318,7 @@ class Driver:
                                name))
 
     def dispatch(self, job: Job) -> None:
-        record = {k: v for k, v in asdict(job).items() if k != "source"}
+        record = {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source")}
         run._atomic_json(run.state_dir(self.repo) / run.INFLIGHT_DIR / f"{job.run_id}.json", record)
         actor = self.workers[job.worker][0]
         self.running[actor.run.remote(asdict(job))] = job
@@ -480,7 +487,7 @@ def main(repo: Path, args, log=print) -> int:
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     ray, workers, gpu = start_ray(address, workers, threads, hw, log)
     try:
-        config = loop.ensure_tag(repo, args.tag, log, threads=threads)
+        config = loop.ensure_tag(repo, args.tag, log, threads=threads, sandbox_mode=args.sandbox, rule=args.decision)
         run.recover(repo, log, parallel=True)
         driver = Driver(repo, config, args, ray, gpu, log)
         try:

@@ -126,6 +126,8 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
         "hardware": machine.describe(config["hardware"]) if config and "hardware" in config else None,
         "threads": run.tag_threads(config) if config else None,
         "champion": champion,
+        "flagged": [{"run_id": r.run_id, "commit": r.commit, "status": r.status, "flags": r.flags}
+                    for r in rows if r.flags],
         "noise": {"sigma": noise.sigma, "df": noise.df} if noise else None,
         "counts": {s: sum(r.status == s for r in rows) for s in ledger.STATUSES},
         "runs": len(rows), "experiments": len(configs),

@@ -180,3 +180,32 @@ REPEAT_MARK = " [run "
 
 def base_description(description: str) -> str:
     return description.split(REPEAT_MARK)[0]
+
+
+# --- flags: what a reader should look at, never a decision ----------------------------------------------------
+GAP_SIGMAS = 3.0   # a kept model's test_bpb - val_bpb beyond the baseline's by more than this many noise sigmas,
+GAP_MIN = 0.02     # and more than this, says it fits the validation split better than text it never saw
+
+
+def test_gap_flag(rows, val_bpb: float, test_bpb: float | None, noise: Noise | None) -> str:
+    """A flag when a model's test_bpb is worse than its val_bpb by more than the baseline's gap plus the noise
+    allows: the sign of a model tuned to, or trained on, the validation text (README: Integrity)."""
+    base = [r.test_bpb - r.val_bpb for r in rows
+            if r.decision.startswith(("baseline", "naive: first run")) and r.test_bpb is not None and r.val_bpb > 0]
+    if test_bpb is None or not base:  # no baseline gap to compare with (this is the baseline)
+        return ""
+    gap_base = fmean(base)
+    excess = (test_bpb - val_bpb) - gap_base
+    bound = max(GAP_SIGMAS * (noise.sigma if noise else 0.0), GAP_MIN)
+    if excess > bound:
+        return (f"test-gap: test_bpb {test_bpb:.4f} is {test_bpb - val_bpb:+.4f} from val_bpb, the baseline's gap "
+                f"is {gap_base:+.4f} (allowed {bound:.4f} more)")
+    return ""
+
+
+def identical_flag(rows, config: str, val_bpb: float, seed: int) -> str:
+    """A flag when a repeat of a configuration with another seed scores exactly what an earlier run of it did (to
+    the ledger's 6 decimals): independent seeds never do that, a train.py that ignores its seed does."""
+    same = [r.run_id for r in rows if r.config == config and r.seed != seed and r.val_bpb > 0
+            and f"{r.val_bpb:.6f}" == f"{val_bpb:.6f}"]
+    return f"identical: val_bpb equals run {same[0]}'s to 6 decimals (a seed ignored?)" if same else ""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -39,7 +40,9 @@ CAUSAL_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}
 # On a CPU, reduced precision changes nothing there: an honest model exported under bf16 autocast drifted by
 # exactly 0 (measured with random weights, so that attention matters), so a CPU run gets float32's tolerance.
 CPU_CAUSAL_TOLERANCE = CAUSAL_TOLERANCE["float32"]
-CAUSAL_TRIALS = 4
+# Probes of the causality check on the validation rows (CausalProbes): the smallest count that catches a model
+# reading the future at 1% of the positions with probability >= 0.99, ceil(log(0.01) / log(0.99)) = 459.
+CAUSAL_PROBES = 459
 
 
 class Refused(Exception):
@@ -49,24 +52,330 @@ class Refused(Exception):
 class Broken(Exception):
     """The run left no usable model (the export is missing, unreadable or does not run)."""
 
+# --- reading what a run wrote ------------------------------------------------------------------------------
+# Everything in a run's output directory was written by untrusted code. The harness opens such a file only as a
+# regular file, never through a link (O_NOFOLLOW), never a FIFO or a device (O_NONBLOCK, then fstat), and reads
+# at most a bound: a link to ~/.ssh, a FIFO that blocks forever or a sparse 1 TB file is a refusal, not a hang.
+
+GRAPH_LIMIT = 64 << 20     # bytes of model.graph.json: the default model's is ~0.2 MB
+TENSORS_LIMIT = 16 << 30   # bytes of model.safetensors
+RESULT_LIMIT = 1 << 20     # bytes of result.json
+
+
+class Unsafe(Exception):
+    """A file the run left is not a plain regular file of sane size; the message says what it is."""
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path` if it is a regular file (not a link) of at most `limit` bytes. FileNotFoundError if
+    there is none; Unsafe for anything else."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:  # ELOOP: a symbolic link; others: unreadable
+        kind = "a symbolic link" if os.path.islink(path) else f"unreadable ({e.strerror})"
+        raise Unsafe(f"{path.name} is {kind}; a run writes its files itself, as regular files") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unsafe(f"{path.name} is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_size > limit:
+            raise Unsafe(f"{path.name} has {st.st_size:,} bytes, more than the {limit:,} allowed")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 24, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise Unsafe(f"{path.name} grew past {limit:,} bytes while it was read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+# --- the graph, validated before any deserializer sees it ----------------------------------------------------
+# torch.export's deserializer hands some strings to sympy (symbolic shapes), to pytree (specs) and to Python
+# (guards): a graph file written by the training could run code in this process. So the file is never given to
+# it as written: it is parsed as plain JSON, checked field by field against the schema below (static integer
+# shapes only, names of one plain form, ATen operators from an explicit list), and a new, canonical document is
+# built from the checked values alone; only that reaches torch. Fields the evaluation has no use for (stack
+# traces, module stacks, range constraints, guards) are dropped, whatever they hold.
+
+# Operator packets (torch.ops.aten.NAME.overload) a forward pass may call: pure tensor functions. Not here, and so
+# refused: random ones (rand*, normal, bernoulli, multinomial, ...), in-place ones (NAME_), uninitialised memory
+# (empty*), host syncs (_local_scalar_dense, item), I/O and printing, copies into existing tensors.
+ALLOWED_OPS = frozenset("""
+    abs add addcdiv addcmul addmm alias all amax amin any arange argmax argmin argsort atan atan2 baddbmm bitwise_and
+    bitwise_not bitwise_or bitwise_xor bmm cat ceil chunk clamp clamp_max clamp_min clone constant_pad_nd contiguous
+    convolution conv1d cos cumprod cumsum detach diagonal div dot dropout einsum elu embedding eq erf exp exp2 expand
+    expand_as flatten flip floor floor_divide fmod full full_like gather ge gelu group_norm gt hardsigmoid hardswish
+    hardtanh index index_put index_select isfinite isinf isnan layer_norm le leaky_relu lerp lift_fresh_copy linear
+    linalg_vector_norm log log10 log1p log2 log_softmax logical_and logical_not logical_or logical_xor logsumexp lt
+    masked_fill matmul max maximum mean min minimum mish mm movedim mul mv narrow native_group_norm native_layer_norm
+    ne neg norm ones ones_like outer pad permute pow prod reciprocal relu remainder repeat repeat_interleave reshape
+    rms_norm roll round rsqrt scalar_tensor scaled_dot_product_attention scatter scatter_add select sigmoid sign silu
+    sin softmax softplus sort split split_with_sizes sqrt square squeeze stack std std_mean sub sum t take_along_dim
+    tanh topk transpose tril triu trunc type_as unbind unflatten unsqueeze var var_mean view where zeros zeros_like
+    _assert_tensor_metadata _fused_rms_norm _log_softmax _softmax _to_copy _unsafe_view to
+    _scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_for_cpu
+    _scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention
+    slice slice_scatter select_scatter rsub expm1 sinh cosh asin acos hypot logit unfold new_zeros new_ones new_full
+    index_add bucketize
+""".split())
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,199}\Z")         # a value's name in the graph
+FQN = re.compile(r"[A-Za-z0-9_]{1,100}(\.[A-Za-z0-9_]{1,100}){0,20}\Z")  # a parameter's or buffer's name
+TARGET = re.compile(r"torch\.ops\.aten\.([a-z0-9_]+)\.([a-zA-Z0-9_]+)\Z")
+STRING_ARG = re.compile(r"[A-Za-z0-9_,.\->]{0,64}\Z")      # e.g. gelu's approximate="tanh", an einsum equation
+DEVICES = ("cpu", "cuda", "mps", "meta")
+MAX_NODES = 200_000
+MAX_DIM = 1 << 31
+MAX_NUMEL = 1 << 36
+MAX_INT = 1 << 63  # int64, the range of an ATen int (slice's end is often 2**63 - 1)
+# The pytree specs of forward(tokens) -> logits, written here, never read from the file.
+IN_SPEC = ('[1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.tuple", '
+           '"context": "null", "children_spec": [{"type": null, "context": null, "children_spec": []}]}, '
+           '{"type": "builtins.dict", "context": "[]", "children_spec": []}]}]')
+OUT_SPEC = '[1, {"type": null, "context": null, "children_spec": []}]'
+
+
+def _fail(where: str, what: str):
+    raise Refused(f"the exported graph is not of the accepted form: {where}: {what} (only static shapes, plain "
+                  "names and the ATen operators listed in autoresearch/evaluate.py are evaluated)")
+
+
+def _expect(value, kind, where: str):
+    if kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -MAX_INT <= value < MAX_INT
+    elif kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind)
+    if not ok:
+        _fail(where, f"expected {getattr(kind, '__name__', kind)}, found {str(value)[:40]!r}")
+    return value
+
+
+def _keys(obj, allowed, where: str, required=()) -> dict:
+    _expect(obj, dict, where)
+    extra = set(obj) - set(allowed)
+    if extra:
+        _fail(where, f"unexpected field {sorted(extra)[0]!r}")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        _fail(where, f"missing field {missing[0]!r}")
+    return obj
+
+
+def _name(value, where: str, pattern=NAME) -> str:
+    if not isinstance(value, str) or not pattern.match(value):
+        _fail(where, f"{str(value)[:60]!r} is not a plain name")
+    return value
+
+
+def _tensor_ref(obj, where: str, defined: set) -> dict:
+    _keys(obj, ("name",), where, ("name",))
+    name = _name(obj["name"], where)
+    if name not in defined:
+        _fail(where, f"{name!r} is not a tensor of the graph")
+    return {"name": name}
+
+
+def _static(obj, where: str) -> dict:
+    """A SymInt that must be a plain integer: {"as_int": n}. A symbolic expression is never accepted."""
+    _keys(obj, ("as_int",), where, ("as_int",))
+    return {"as_int": _expect(obj["as_int"], int, where)}
+
+
+def _tensor_meta(obj, where: str) -> dict:
+    _keys(obj, ("dtype", "sizes", "requires_grad", "device", "strides", "storage_offset", "layout"), where,
+          ("dtype", "sizes", "device", "strides", "storage_offset", "layout"))
+    sizes = [_static(s, where + ".sizes") for s in _expect(obj["sizes"], list, where)]
+    strides = [_static(s, where + ".strides") for s in _expect(obj["strides"], list, where)]
+    numel = 1
+    for s in sizes:
+        if not 0 <= s["as_int"] <= MAX_DIM:
+            _fail(where, f"size {s['as_int']}")
+        numel *= s["as_int"]
+    if numel > MAX_NUMEL or len(sizes) > 8 or len(strides) != len(sizes):
+        _fail(where, f"a tensor of {len(sizes)} dimensions, {numel} elements")
+    return {"dtype": _expect(obj["dtype"], int, where), "sizes": sizes,
+            "requires_grad": bool(_expect(obj.get("requires_grad", False), bool, where)),
+            "device": _device(obj["device"], where), "strides": strides,
+            "storage_offset": _static(obj["storage_offset"], where), "layout": _expect(obj["layout"], int, where)}
+
+
+def _device(obj, where: str) -> dict:
+    _keys(obj, ("type", "index"), where, ("type",))
+    if obj["type"] not in DEVICES:
+        _fail(where, f"device {str(obj['type'])[:20]!r}")
+    index = obj.get("index")
+    return {"type": obj["type"], "index": None if index is None else _expect(index, int, where)}
+
+
+def _argument(obj, where: str, defined: set) -> dict:
+    """One argument of a node: exactly one field, of the plain kinds below."""
+    _expect(obj, dict, where)
+    if len(obj) != 1:
+        _fail(where, "an argument must have exactly one field")
+    (kind, value), = obj.items()
+    if kind == "as_tensor":
+        return {kind: _tensor_ref(value, where, defined)}
+    if kind == "as_tensors":
+        return {kind: [_tensor_ref(v, where, defined) for v in _expect(value, list, where)]}
+    if kind == "as_optional_tensors":
+        return {kind: [_argument(v, where, defined) for v in _expect(value, list, where)
+                       if _keys(v, ("as_tensor", "as_none"), where)]}
+    if kind in ("as_int", "as_scalar_type", "as_layout", "as_memory_format"):
+        return {kind: _expect(value, int, where)}
+    if kind in ("as_float",):
+        return {kind: float(_expect(value, float, where))}
+    if kind in ("as_bool", "as_none"):
+        return {kind: _expect(value, bool, where)}
+    if kind in ("as_ints",):
+        return {kind: [_expect(v, int, where) for v in _expect(value, list, where)]}
+    if kind in ("as_floats",):
+        return {kind: [float(_expect(v, float, where)) for v in _expect(value, list, where)]}
+    if kind in ("as_bools",):
+        return {kind: [_expect(v, bool, where) for v in _expect(value, list, where)]}
+    if kind == "as_sym_int":
+        return {kind: _static(value, where)}
+    if kind == "as_sym_ints":
+        return {kind: [_static(v, where) for v in _expect(value, list, where)]}
+    if kind == "as_device":
+        return {kind: _device(value, where)}
+    if kind == "as_string":
+        if not isinstance(value, str) or not STRING_ARG.match(value):
+            _fail(where, f"string argument {str(value)[:40]!r}")
+        return {kind: value}
+    _fail(where, f"argument kind {kind[:40]!r}")
+
+
+def sanitize_graph(raw: bytes) -> bytes:
+    """The graph file rebuilt from its checked values alone (see above); Refused when anything is off."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise Broken(f"the exported graph is not valid JSON ({str(e)[:200]})") from None
+    _keys(doc, ("graph_module", "opset_version", "range_constraints", "schema_version", "verifiers", "torch_version",
+                "guards_code"), "the document", ("graph_module", "opset_version", "schema_version"))
+    gm = _keys(doc["graph_module"], ("graph", "signature", "module_call_graph", "metadata",
+                                     "treespec_namedtuple_fields"), "graph_module", ("graph", "signature"))
+    graph = _keys(gm["graph"], ("inputs", "outputs", "nodes", "tensor_values", "sym_int_values", "sym_bool_values",
+                                "is_single_tensor_return", "custom_obj_values", "sym_float_values"), "graph",
+                  ("inputs", "outputs", "nodes", "tensor_values"))
+    for symbolic in ("sym_int_values", "sym_bool_values", "custom_obj_values", "sym_float_values"):
+        if graph.get(symbolic):
+            _fail("graph", f"{symbolic} must be empty (static shapes only, no custom objects)")
+    tensors = {_name(k, "tensor_values"): _tensor_meta(v, f"tensor_values[{k}]")
+               for k, v in _expect(graph["tensor_values"], dict, "tensor_values").items()}
+    defined = set(tensors)
+    nodes = _expect(graph["nodes"], list, "nodes")
+    if len(nodes) > MAX_NODES:
+        _fail("nodes", f"{len(nodes)} nodes")
+    clean_nodes = []
+    for i, node in enumerate(nodes):
+        where = f"node {i}"
+        _keys(node, ("target", "inputs", "outputs", "metadata", "is_hop_single_tensor_return", "name"), where,
+              ("target", "inputs", "outputs"))
+        match = TARGET.match(str(node["target"]))
+        if not match or match.group(1) not in ALLOWED_OPS or "out" in match.group(2).split("_"):
+            _fail(where, f"operator {str(node['target'])[:80]!r} is not allowed")
+        inputs = []
+        for arg in _expect(node["inputs"], list, where):
+            _keys(arg, ("name", "arg", "kind"), where, ("name", "arg"))
+            inputs.append({"name": _name(arg["name"], where), "arg": _argument(arg["arg"], where, defined),
+                           "kind": _expect(arg.get("kind", 1), int, where)})
+        if match.group(1) == "dropout" and not any(a["name"] == "train" and a["arg"] == {"as_bool": False}
+                                                   for a in inputs):
+            _fail(where, "dropout in training mode is random")
+        outputs = [_argument(o, where + " output", defined) for o in _expect(node["outputs"], list, where)]
+        clean_nodes.append({"target": node["target"], "inputs": inputs, "outputs": outputs, "metadata": {},
+                            "is_hop_single_tensor_return": None})
+    specs_in = []
+    for s in _expect(gm["signature"].get("input_specs"), list, "input_specs"):
+        _expect(s, dict, "input_specs")
+        if len(s) != 1:
+            _fail("input_specs", "one kind per input")
+        (kind, spec), = s.items()
+        if kind == "parameter":
+            _keys(spec, ("arg", "parameter_name"), kind, ("arg", "parameter_name"))
+            specs_in.append({kind: {"arg": _tensor_ref(spec["arg"], kind, defined),
+                                    "parameter_name": _name(spec["parameter_name"], kind, FQN)}})
+        elif kind == "buffer":
+            _keys(spec, ("arg", "buffer_name", "persistent"), kind, ("arg", "buffer_name"))
+            specs_in.append({kind: {"arg": _tensor_ref(spec["arg"], kind, defined),
+                                    "buffer_name": _name(spec["buffer_name"], kind, FQN),
+                                    "persistent": bool(_expect(spec.get("persistent", True), bool, kind))}})
+        elif kind == "tensor_constant":
+            _keys(spec, ("arg", "tensor_constant_name"), kind, ("arg", "tensor_constant_name"))
+            specs_in.append({kind: {"arg": _tensor_ref(spec["arg"], kind, defined),
+                                    "tensor_constant_name": _name(spec["tensor_constant_name"], kind, FQN)}})
+        elif kind == "user_input":
+            _keys(spec, ("arg",), kind, ("arg",))
+            _keys(spec["arg"], ("as_tensor",), kind, ("as_tensor",))
+            specs_in.append({kind: {"arg": {"as_tensor": _tensor_ref(spec["arg"]["as_tensor"], kind, defined)}}})
+        else:
+            _fail("input_specs", f"input kind {kind[:40]!r}")
+    specs_out = []
+    for s in _expect(gm["signature"].get("output_specs"), list, "output_specs"):
+        _keys(s, ("user_output",), "output_specs", ("user_output",))  # no buffer or input mutation
+        _keys(s["user_output"], ("arg",), "user_output", ("arg",))
+        _keys(s["user_output"]["arg"], ("as_tensor",), "user_output", ("as_tensor",))
+        specs_out.append({"user_output": {"arg": {"as_tensor": _tensor_ref(s["user_output"]["arg"]["as_tensor"],
+                                                                            "user_output", defined)}}})
+    if sum("user_input" in s for s in specs_in) != 1 or len(specs_out) != 1:
+        raise Broken("the exported forward pass must take the tokens alone and return the logits alone")
+    user_input = next(s["user_input"]["arg"]["as_tensor"]["name"] for s in specs_in if "user_input" in s)
+    clean = {
+        "graph_module": {
+            "graph": {"inputs": [_argument(a, "graph inputs", defined) for a in _expect(graph["inputs"], list, "inputs")],
+                      "outputs": [_argument(a, "graph outputs", defined)
+                                  for a in _expect(graph["outputs"], list, "outputs")],
+                      "nodes": clean_nodes, "tensor_values": tensors, "sym_int_values": {}, "sym_bool_values": {},
+                      "is_single_tensor_return": bool(graph.get("is_single_tensor_return", False)),
+                      "custom_obj_values": {}, "sym_float_values": {}},
+            "signature": {"input_specs": specs_in, "output_specs": specs_out},
+            "module_call_graph": [{"fqn": "", "signature": {"inputs": [], "outputs": [], "in_spec": IN_SPEC,
+                                                            "out_spec": OUT_SPEC, "forward_arg_names": [user_input]}}],
+            "metadata": {}, "treespec_namedtuple_fields": {}},
+        "opset_version": {"aten": _expect(_keys(doc["opset_version"], ("aten",), "opset_version", ("aten",))["aten"],
+                                          int, "opset_version")},
+        "range_constraints": {},
+        "schema_version": {k: _expect(doc["schema_version"].get(k), int, "schema_version") for k in ("major", "minor")},
+        "verifiers": [v for v in _expect(doc.get("verifiers", []), list, "verifiers") if v in ("TRAINING", "ATEN")],
+        "torch_version": "",
+        "guards_code": [],
+    }
+    return json.dumps(clean).encode()
+
 
 def load_program(prepare, run_dir: Path, device: str):
     """The exported program, from JSON and safetensors only, checked against the rules."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_tensors
     from torch._export.serde.serialize import SerializedArtifact, deserialize
 
-    graph, tensors = run_dir / prepare.GRAPH_FILE, run_dir / prepare.TENSORS_FILE
-    if not graph.is_file() or not tensors.is_file():
-        raise Broken(f"no exported model ({prepare.GRAPH_FILE} and {prepare.TENSORS_FILE} in the run directory); "
-                     "train.py must end with prepare.finish(model, stats, batch_size)")
     try:
-        loaded = load_file(str(tensors), device=device)
+        graph = read_regular(run_dir / prepare.GRAPH_FILE, GRAPH_LIMIT)
+        tensors = read_regular(run_dir / prepare.TENSORS_FILE, TENSORS_LIMIT)
+    except FileNotFoundError:
+        raise Broken(f"no exported model ({prepare.GRAPH_FILE} and {prepare.TENSORS_FILE} in the run directory); "
+                     "train.py must end with prepare.finish(model, stats, batch_size)") from None
+    except Unsafe as e:
+        raise Refused(str(e)) from None
+    graph = sanitize_graph(graph)  # before torch sees a byte of it
+    try:
+        loaded = {k: v.to(device) for k, v in load_tensors(tensors).items()}
+        del tensors
         state = {k: torch.nn.Parameter(v, requires_grad=False) if v.is_floating_point() else v
                  for k, v in loaded.items() if not k.startswith(prepare.CONSTANT_PREFIX)}
         constants = {k[len(prepare.CONSTANT_PREFIX):]: v for k, v in loaded.items()
                      if k.startswith(prepare.CONSTANT_PREFIX)}
-        program = deserialize(SerializedArtifact(graph.read_bytes(), state, constants, None))
+        program = deserialize(SerializedArtifact(graph, state, constants, None))
     except Exception as e:
         raise Broken(f"the exported model could not be loaded ({type(e).__name__}: {str(e)[:500]})") from None
     signature = program.graph_signature
@@ -90,36 +399,78 @@ def load_program(prepare, run_dir: Path, device: str):
     return program.module(), shape
 
 
-def causality(forward, x, base, tolerance: float, rng) -> None:
-    """Changing the tokens from position j on must leave the logits before j as they were. x: the check rows'
-    inputs, base: their logits. One batch holds several rows, each perturbed from several positions: the last
-    two (a look at the next token) and random ones the model cannot anticipate."""
-    import torch
+class CausalProbes:
+    """The causality check, on the validation rows themselves, as part of the scoring pass.
 
-    B, T = x.shape
-    rows_per_trial = max(1, B // CAUSAL_TRIALS)
-    trials = min(CAUSAL_TRIALS, B)
-    positions = [T - 1, T - 2] + [int(rng.integers(1, T - 2)) for _ in range(trials - 2)]
-    changed = x.clone()
-    source, starts = [], []
-    for t, j in enumerate(positions):
-        for r in range(rows_per_trial):
-            i = t * rows_per_trial + r
-            src = (i + 1) % B  # another row's tokens: real text, not noise
-            changed[i, :j] = x[r, :j]
-            changed[i, j:] = x[src, j:] if not torch.equal(x[src, j:], x[r, j:]) else (x[r, j:] + 1) % base.shape[-1]
-            source.append(r)
-            starts.append(j)
-    out = forward(changed).float()
-    for i, (r, j) in enumerate(zip(source, starts)):
-        drift = (out[i, :j] - base[r, :j].float()).abs().max().item()
-        scale = 1.0 + base[r, :j].float().abs().max().item()
-        if not drift <= tolerance * scale:
-            raise Refused(f"the model is not causal: changing the tokens from position {j} on changed the logits "
-                          f"of earlier positions by {drift:.3g}; a prediction may only use earlier tokens")
+    A probe is a (row, j) pair drawn uniformly, by a secret random generator, from every validation row and
+    every position 1 <= j < T: the row's tokens from j on are replaced by random ones, and the logits of the
+    positions before j must come out as they did in the scoring pass. A prediction at position j - 1 that read
+    a later token changes, whatever the model does when it is being checked: in the scoring pass it saw the
+    real tokens, in the probe it cannot (they are gone), so honest-when-checked and cheating-when-scored
+    disagree exactly where a probe lands. A model that reads the future at a fraction f of the positions is
+    caught by one probe with probability at least f, and by CAUSAL_PROBES independent probes with
+    1 - (1 - f) ** CAUSAL_PROBES: 0.99 at f = 1% (README: Integrity). The scoring pass keeps, for each probed
+    row, a random projection of its logits (PROJECTIONS numbers per position, float64), so the comparison covers
+    every earlier position and every vocabulary entry at the cost of a few bytes."""
+
+    PROJECTIONS = 8
+
+    def __init__(self, rows, batch_size: int, vocab: int, rng, probes: int):
+        import numpy as np
+        import torch
+
+        n_rows, t = rows.shape[0], rows.shape[1] - 1
+        self.batch_size, self.rows = batch_size, rows
+        self.picks = [(int(rng.integers(n_rows)), int(rng.integers(1, t))) for _ in range(probes)] if t > 1 else []
+        self.wanted = {r for r, _ in self.picks}
+        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        self.projection = torch.randn(vocab, self.PROJECTIONS, generator=gen, dtype=torch.float64)
+        self.seen: dict[int, tuple] = {}
+        self.replacement = rng.integers(0, vocab, size=(len(self.picks), t))
+        self.calls = 0
+        self.np = np
+
+    def _project(self, logits):
+        logits = logits.detach().to("cpu", dtype=self.projection.dtype)
+        return logits @ self.projection, logits.abs() @ self.projection.abs()
+
+    def record(self, logits) -> None:
+        """Called with each batch's logits of the scoring pass, in order (rows_bpb's batches)."""
+        first = self.calls * self.batch_size
+        self.calls += 1
+        for r in range(first, min(first + self.batch_size, self.rows.shape[0])):
+            if r in self.wanted:
+                self.seen[r] = self._project(logits[r - first])
+
+    def check(self, forward, tolerance: float) -> int:
+        """Run every probe; Refused at the first earlier logit that moved. Returns the probes run."""
+        import torch
+
+        for start in range(0, len(self.picks), self.batch_size):
+            chunk = self.picks[start:start + self.batch_size]
+            x = torch.from_numpy(self.np.stack([self.rows[r, :-1] for r, _ in chunk]))
+            for i, (r, j) in enumerate(chunk):
+                fresh = torch.from_numpy(self.replacement[start + i, j:]).to(x.dtype)
+                same = fresh == x[i, j:]
+                x[i, j:] = torch.where(same, (fresh + 1) % self.projection.shape[0], fresh)  # every token changes
+            if x.shape[0] < self.batch_size:
+                x = x[torch.arange(self.batch_size) % x.shape[0]]
+            out = forward(x)
+            for i, (r, j) in enumerate(chunk):
+                projected, _ = self._project(out[i, :j])
+                base, scale = self.seen[r]
+                drift = (projected - base[:j]).abs().amax().item()
+                bound = tolerance * (1.0 + scale[:j].amax().item())
+                if not drift <= bound:
+                    raise Refused(f"the model is not causal: on validation row {r}, changing the tokens from "
+                                  f"position {j} on changed the logits of earlier positions (by {drift:.3g} in a "
+                                  f"random projection, allowed {bound:.3g}); a prediction may only use earlier "
+                                  "tokens")
+        return len(self.picks)
 
 
-def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, test_below: float) -> dict:
+def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, test_below: float,
+             causal_probes: int = CAUSAL_PROBES) -> dict:
     import numpy as np
     import torch
 
@@ -133,25 +484,32 @@ def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, 
     token_bytes = prepare.Tokenizer.from_directory().get_token_bytes()
     out = {"batch_size": batch_size, "device": device, "dtype": dtype}
 
-    seen = {}
-
     def forward(x):
-        seen["logits"] = module(x.to(device))
-        return seen["logits"]
+        return module(x.to(device))
 
+    vocab = int(token_bytes.shape[0])
     with torch.no_grad(), prepare.autocast_for(torch.device(device).type, dtype):
         try:
             check = prepare.check_rows(batch_size)
             out["check_bpb"] = prepare.rows_bpb(forward, check, token_bytes, batch_size, device)
-            tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
-            causality(forward, torch.from_numpy(check[:, :-1]), seen.pop("logits"), tolerance,
-                      np.random.default_rng(secrets.randbits(64)))
             if not abs(out["check_bpb"] - check_bpb) <= CHECK_TOLERANCE[dtype]:
                 raise Refused(f"the exported model does not reproduce train.py's: check_bpb {out['check_bpb']:.6f} "
                               f"(harness) vs {check_bpb:.6f} (train.py)")
             t1 = time.time()
-            out["val_bpb"] = prepare.rows_bpb(forward, prepare.evaluation_rows("val"), token_bytes, batch_size, device)
+            val = prepare.evaluation_rows("val")
+            probes = CausalProbes(val, batch_size, vocab, np.random.default_rng(secrets.randbits(64)), causal_probes)
+
+            def scored(x):
+                logits = forward(x)
+                probes.record(logits)
+                return logits
+
+            out["val_bpb"] = prepare.rows_bpb(scored, val, token_bytes, batch_size, device)
             out["val_seconds"] = time.time() - t1
+            t1 = time.time()
+            tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
+            out["causal_probes"] = probes.check(forward, tolerance)
+            out["causal_seconds"] = time.time() - t1
             if out["val_bpb"] < test_below:
                 out["test_bpb"] = prepare.rows_bpb(forward, prepare.evaluation_rows("test"), token_bytes,
                                                    batch_size, device)
@@ -176,6 +534,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check-bpb", type=float)
     parser.add_argument("--test-below", type=float, default=float("inf"),
                         help="also score the test split when val_bpb is below this")
+    parser.add_argument("--causal-probes", type=int, default=CAUSAL_PROBES,
+                        help="probes of the causality check on the validation rows (CausalProbes)")
     args = parser.parse_args(argv)
     if args.wait:  # importing beside a training that starts: yield the cores to it. This process has its own
         os.nice(19)  # session, hence its own autogroup where Linux has them, and nice only counts within one:
@@ -202,7 +562,8 @@ def main(argv: list[str]) -> int:
             raise Broken(f"result.json names dtype {args.dtype!r}; it must be one of {sorted(CHECK_TOLERANCE)}")
         if args.device not in ("cpu", "cuda", "mps"):
             raise Broken(f"result.json names device {args.device!r}; it must be cpu, cuda or mps")
-        out = evaluate(prepare, Path(args.run_dir), args.dtype, args.device, args.check_bpb, args.test_below)
+        out = evaluate(prepare, Path(args.run_dir), args.dtype, args.device, args.check_bpb, args.test_below,
+                       args.causal_probes)
     except Refused as e:
         out = {"refused": str(e)}
     except (Broken, prepare.PrepareError) as e:
@@ -215,27 +576,36 @@ def main(argv: list[str]) -> int:
 
 class Evaluator:
     """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, started
-    now and importing while the caller trains; run() hands it a finished run. One run per Evaluator; close()
-    ends it if run() never came (the training crashed)."""
+    now and importing while the caller trains; run() hands it the finished run in `out`. One run per Evaluator;
+    close() ends it if run() never came (the training crashed). Under protection "bwrap" it runs in its own
+    sandbox (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may write nothing, reach
+    no network, and see nothing but the data, its own two files and `out`."""
 
-    def __init__(self, prepare_source: bytes, cache: Path):
+    def __init__(self, prepare_source: bytes, cache: Path, out: Path, protection: str = "none",
+                 causal_probes: int = CAUSAL_PROBES):
         self.private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
+        self.out = out
         (self.private / "fixed").mkdir()
         (self.private / "fixed" / "prepare.py").write_bytes(prepare_source)
+        script = self.private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
+        script.write_bytes(Path(__file__).read_bytes())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTORESEARCH_"))}
         env["AUTORESEARCH_CACHE"] = str(cache)
         # -I: no PYTHON* variables, no user site, no script directory on sys.path; -B: no bytecode written. The
         # fresh private directory has no __pycache__, so prepare is compiled from the clean source.
-        argv = [sys.executable, "-I", "-B", str(Path(__file__).resolve()),
-                "--prepare-dir", str(self.private / "fixed"), "--wait"]
+        argv = [sys.executable, "-I", "-B", str(script), "--prepare-dir", str(self.private / "fixed"), "--wait",
+                "--causal-probes", str(causal_probes)]
+        if protection == "bwrap":
+            from autoresearch import sandbox  # the harness's side only: the script imports nothing of the package
+            argv = sandbox.wrap_evaluator(argv, self.private, cache, out)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.PIPE, start_new_session=True)
 
-    def run(self, run_dir: Path, dtype: str, device: str, check_bpb: float, test_below: float, timeout: float,
+    def run(self, dtype: str, device: str, check_bpb: float, test_below: float, timeout: float,
             on_start=None) -> dict:
         """Its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with a reason. on_start(pid)
         is called first, so that a harness killed meanwhile can be cleaned up after."""
-        args = {"run_dir": str(run_dir), "dtype": dtype, "device": device, "check_bpb": check_bpb,
+        args = {"run_dir": str(self.out), "dtype": dtype, "device": device, "check_bpb": check_bpb,
                 "test_below": test_below if test_below != float("inf") else 1e308}
         try:
             if on_start:
@@ -258,10 +628,12 @@ class Evaluator:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
-def run_evaluation(prepare_source: bytes, run_dir: Path, dtype: str, device: str, check_bpb: float,
-                   test_below: float, cache: Path, timeout: float, on_start=None) -> dict:
-    """Start an Evaluator and hand it run_dir at once (Evaluator.run)."""
-    return Evaluator(prepare_source, cache).run(run_dir, dtype, device, check_bpb, test_below, timeout, on_start)
+def run_evaluation(prepare_source: bytes, out: Path, dtype: str, device: str, check_bpb: float,
+                   test_below: float, cache: Path, timeout: float, on_start=None, protection: str = "none",
+                   causal_probes: int = CAUSAL_PROBES) -> dict:
+    """Start an Evaluator on `out` and hand it the run at once (Evaluator.run)."""
+    return Evaluator(prepare_source, cache, out, protection, causal_probes).run(dtype, device, check_bpb, test_below,
+                                                                                timeout, on_start)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,16 @@ from pathlib import Path
 
 COLUMNS = ["commit", "val_bpb", "memory_gb", "status", "description",
            "tag", "run_id", "time", "budget_s", "steps", "wall_s", "fingerprint", "seed", "protection",
-           "config", "repeat", "mean", "sem", "n", "p_better", "decision", "clock", "load", "worker", "host", "device"]
+           "config", "repeat", "mean", "sem", "n", "p_better", "decision", "clock", "load", "worker", "host", "device",
+           "outside_s", "test_bpb", "flags"]
 HEADER = "\t".join(COLUMNS) + "\n"
 # Earlier layouts: still read (report --results old.tsv), never appended to.
 OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluated models itself)",
                "\t".join(COLUMNS[:14]) + "\n": "0.2 (before decisions over repeated runs)"}
 # Earlier layouts whose rows mean what they mean now, only with fewer columns: appended to in their own layout
 # (the missing columns are dropped from new rows), so that a tag started before an upgrade goes on.
-EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)"}
+EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)",
+              "\t".join(COLUMNS[:26]) + "\n": "0.4 (before outside_s, test_bpb and flags)"}
 STATUSES = ("keep", "discard", "confirm", "crash", "refused")
 
 
@@ -61,12 +63,17 @@ class Row:
     worker: str = ""           # the Ray worker that ran it (cluster.py), empty for `autoresearch run`
     host: str = ""             # the machine it ran on
     device: str = ""           # what it ran on: "cpu x2" (threads), "cuda NVIDIA H200"; a tag never mixes two
+    outside_s: float | None = None  # seconds the training ran beyond its budget (startup, export), on its clock
+    test_bpb: float | None = None   # the held-out test split's score, where the harness measured it
+    flags: str = ""            # what a reader should look at: a test_bpb far worse than val_bpb, identical repeats
 
     def to_line(self, columns: list[str] = COLUMNS) -> str:
         values = asdict(self)
-        for k in ("mean", "sem", "p_better", "load"):
+        for k in ("mean", "sem", "p_better", "load", "outside_s", "test_bpb"):
             v = values[k]
-            values[k] = "" if v is None else f"{v:.4f}" if k in ("p_better", "load") else f"{v:.6f}"
+            values[k] = "" if v is None else f"{v:.4f}" if k in ("p_better", "load") else \
+                f"{v:.1f}" if k == "outside_s" else f"{v:.6f}"
+        values["flags"] = " ".join(str(self.flags).split())
         values["val_bpb"] = f"{self.val_bpb:.6f}"
         values["memory_gb"] = f"{self.memory_gb:.1f}"
         values["wall_s"] = f"{self.wall_s:.1f}"

@@ -147,10 +147,19 @@ def become_subreaper() -> bool:
         return False
 
 
-def descendants() -> list[list]:
-    """Identities of every live descendant of this process."""
+def descendants(spare=()) -> list[list]:
+    """Identities of every live descendant of this process, less the subtrees rooted at the pids in `spare`
+    (the waiting evaluator and its sandbox)."""
+    skip = set(spare)
+    for pid in spare:
+        try:
+            skip.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
     out = []
     for child in psutil.Process().children(recursive=True):
+        if child.pid in skip:
+            continue
         try:
             out.append([child.pid, child.create_time()])
         except psutil.Error:

@@ -32,9 +32,10 @@ def existing_tag(repo: Path, tag: str | None) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def ensure_tag(repo: Path, tag: str | None, log=print, threads: int | None = None) -> dict:
+def ensure_tag(repo: Path, tag: str | None, log=print, threads: int | None = None, sandbox_mode: str | None = None,
+               rule: str | None = None) -> dict:
     """Stay on the current experiment branch; else continue or create the given tag (default: today's date).
-    `threads`: the threads per run of a new tag (parallel workers)."""
+    `threads`: the threads per run of a new tag (parallel workers); sandbox_mode and rule: a new tag's pins."""
     current = git.branch(repo)
     if current.startswith(run.BRANCH_PREFIX) and (tag is None or current == run.BRANCH_PREFIX + tag):
         return run.load_tag(repo)
@@ -48,7 +49,7 @@ def ensure_tag(repo: Path, tag: str | None, log=print, threads: int | None = Non
         while git.branch_exists(repo, f"{run.BRANCH_PREFIX}{tag}-{n}"):
             n += 1
         tag = f"{tag}-{n}"
-    config = run.setup(repo, tag, threads)
+    config = run.setup(repo, tag, threads, sandbox_mode or "auto", rule or "stat")
     log(f"new tag {tag}: branch {config['branch']}")
     return config
 
@@ -124,9 +125,9 @@ def main(repo: Path, args, log=print) -> int:
         return cluster.main(repo, args, log)
     if args.agent != "builtin":
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
-    config = ensure_tag(repo, args.tag, log)
+    config = ensure_tag(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
     try:
-        protection = sandbox.protection(args.sandbox)  # --sandbox on without bubblewrap: an error before any run
+        protection = sandbox.protection(args.sandbox or "auto")  # --sandbox on without bubblewrap: an error before any run
     except sandbox.SandboxError as e:
         raise run.HarnessError(str(e)) from None
     run.recover(repo, log)

@@ -130,7 +130,14 @@ def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None,
         lines.append(f"  {r.commit}  {mean(key):.6f}  {spread}  n={n}  " + (f"{test:.6f}" if test is not None else "       -")
                      + f"  {decide.base_description(r.description)}")
     lines += noise_lines(groups)
+    lines += flag_lines(rows)
     return "\n".join(lines)
+
+
+def flag_lines(rows: list[ledger.Row]) -> list[str]:
+    """The rows a reader should look at (decide.py's flags): a kept model whose test_bpb trails its val_bpb,
+    repeats that came out identical."""
+    return [f"FLAG {r.commit} ({r.status}, run {r.run_id}): {r.flags}" for r in rows if r.flags]
 
 
 def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress",

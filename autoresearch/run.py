@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -31,15 +32,20 @@ from statistics import fmean
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import decide, evaluate, git, guard, ledger, load, lock, machine, sandbox
+from autoresearch import compiled, decide, evaluate, git, guard, ledger, load, lock, machine, sandbox
 
 STATE_DIR = ".autoresearch"
 BRANCH_PREFIX = "autoresearch/"
 EDITABLE = "train.py"
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
-# Seconds a run may take beyond its budget until its result.json appears (startup, export, the check): the
-# default model needs ~5 s on 2 CPU cores (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
-OUTSIDE_ALLOWANCE = {"cpu": 30.0, "gpu": 60.0}
+# Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
+# the check): a fixed part plus a share of the budget, recorded in the tag at setup. The default model needs
+# ~5 s on 2 CPU cores outside a 300 s budget (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
+ALLOWANCE_FIXED = {"cpu": 10.0, "gpu": 30.0}
+ALLOWANCE_SHARE = 0.1
+# A train.py larger than this is refused (the tag records its own): the default is ~25 KB, and a file of many
+# times that is data (embedded text to train on), not code.
+MAX_TRAIN_BYTES = 100_000
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
@@ -77,9 +83,12 @@ def state_dir(repo: Path) -> Path:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
+    """Write path whole or not at all. The temporary file is created new (O_EXCL, never through a link) and
+    renamed over path, which replaces whatever path was, a link a run left there included, without following it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
@@ -114,7 +123,12 @@ def current_clock() -> str:
         raise HarnessError(str(e)) from None
 
 
-def setup(repo: Path, tag: str, threads: int | None = None) -> dict:
+def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = "auto", rule: str = "stat",
+          timeout: float | None = None) -> dict:
+    """A new experiment branch and its tag file. The tag pins what makes its runs comparable and honest: the
+    fixed half's fingerprint, the budget and its clock, the hardware and its measured peak FLOP/s, and the rules:
+    the protection (sandbox), the decision rule, the hard timeout, the allowance outside the budget and the
+    largest train.py. A run that asks for weaker settings than its tag is refused (pin_problems)."""
     if not re.fullmatch(r"[A-Za-z0-9._-]+", tag):
         raise HarnessError(f"Tag {tag!r}: use letters, digits, '.', '_' or '-' (for example `mar5`).")
     name = BRANCH_PREFIX + tag
@@ -125,14 +139,27 @@ def setup(repo: Path, tag: str, threads: int | None = None) -> dict:
     if dirty:
         raise HarnessError("Uncommitted changes: " + ", ".join(dirty[:5]) + ". Commit or stash them first, so the "
                            "baseline is exactly the committed train.py.")
+    if rule not in decide.RULES:
+        raise HarnessError(f"--decision {rule!r}: use stat (the default) or naive.")
+    try:
+        protection = sandbox.protection(sandbox_mode)
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
     fingerprint = fixed_fingerprint(repo)
     prepare_source = git.git(repo, "show", "HEAD:prepare.py", strip=False).encode()
-    config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": current_budget(),
-              "clock": current_clock(),
+    import prepare
+    budget, clock = current_budget(), current_clock()
+    profile = prepare.require_manifest()["profile"]
+    config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": budget,
+              "clock": clock,
               "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
-              "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "protection": protection, "decision": rule, "allowance_s": outside_allowance(profile, budget),
+              "timeout_s": timeout or default_timeout(budget, clock), "max_train_bytes": MAX_TRAIN_BYTES,
+              "compile_cache": compile_cache_mode()}
     if threads is not None:  # parallel workers: each run gets this many threads (tag_threads)
         config["threads"] = threads
+    config["peak_flops"] = machine_peaks(prepare_source, tag_threads(config), config["hardware"])
     git.git(repo, "checkout", "-q", "-b", name)
     _atomic_json(state_dir(repo) / "tags" / f"{tag}.json", config)
     ledger.create(repo / "results.tsv")
@@ -160,7 +187,88 @@ def load_tag(repo: Path) -> dict:
         raise HarnessError(f"{path} is damaged (no {', '.join(missing)}). Restore it from a backup, or start a new "
                            "tag with `autoresearch setup --tag NEWTAG` (results.tsv keeps every row).")
     config.setdefault("clock", "wall")  # tags set up before the cpu clock existed
+    # tags set up before the rules were pinned: the defaults of that time, the protection asked for at each run
+    config.setdefault("allowance_s", OLD_ALLOWANCE)
+    config.setdefault("max_train_bytes", MAX_TRAIN_BYTES)
     return config
+
+
+OLD_ALLOWANCE = 30.0  # a tag from before allowances were recorded had a fixed 30 s on the cpu profile
+
+
+def compile_cache_mode() -> str:
+    """champion (the default: every run starts from the champion's compile cache, compiled.py) or off (every run
+    compiles cold; AUTORESEARCH_COMPILE_CACHE=off at setup, for tests of eager code)."""
+    mode = os.environ.get("AUTORESEARCH_COMPILE_CACHE", "").strip() or "champion"
+    if mode not in ("champion", "off"):
+        raise HarnessError(f"AUTORESEARCH_COMPILE_CACHE={mode!r}: use champion (the default) or off.")
+    return mode
+
+
+def default_timeout(budget: float, clock: str) -> float:
+    """The hard timeout: twice the budget plus a margin (four times on the cpu clock, where a busy machine
+    stretches the budget's wall time)."""
+    return (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
+
+
+def machine_peaks(prepare_source: bytes, threads: int, hardware: dict) -> dict:
+    """measure_peaks, remembered per machine, thread count and torch in a file beside the data cache that only the
+    harness writes (a sandboxed training cannot see it): setting up a tag costs ~4 s of probing once per
+    machine, not once per tag."""
+    import prepare
+    cache = prepare.cache_dir()
+    path = cache.parent / f"{cache.name}-machine.json"
+    key = json.dumps([hardware, threads], sort_keys=True)
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict) or not isinstance(known.get(key), dict):
+        known = known if isinstance(known, dict) else {}
+        known[key] = measure_peaks(prepare_source, threads)
+        _atomic_json(path, known)
+    return known[key]
+
+
+def measure_peaks(prepare_source: bytes, threads: int) -> dict:
+    """The machine's peak FLOP/s per dtype, measured by the harness in a fresh process with the clean prepare.py
+    and the runs' thread count, once per tag: every run reads it from its view, none can change it."""
+    with tempfile.TemporaryDirectory(prefix="autoresearch-peak-") as d:
+        (Path(d) / "prepare.py").write_bytes(prepare_source)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "PYTHON"))}
+        env["OMP_NUM_THREADS"] = str(threads)
+        proc = subprocess.run([sys.executable, "-I", "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); "
+                               "import prepare; print(json.dumps(prepare.measure_peaks(int(sys.argv[2]))))",
+                               d, str(threads)], env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise HarnessError(f"measuring this machine's peak FLOP/s failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def pin_problems(config: dict, protection: str, rule: str, timeout: float | None) -> list[str]:
+    """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
+    problems = []
+    pinned = config.get("protection")
+    if pinned == "bwrap" and protection != "bwrap":
+        problems.append("this tag was set up with the bubblewrap sandbox, and this run asked for none "
+                        "(--sandbox off, or bubblewrap no longer works here)")
+    if config.get("decision") and rule != config["decision"]:
+        problems.append(f"this tag decides by the {config['decision']} rule, and this run asked for {rule}")
+    if timeout is not None and config.get("timeout_s") and timeout > config["timeout_s"]:
+        problems.append(f"this tag's timeout is {config['timeout_s']:g} s, and this run asked for {timeout:g} s")
+    raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
+    if raw and "allowance_s" in config and raw != repr(config["allowance_s"]) and \
+            _float_or_none(raw) != config["allowance_s"]:
+        problems.append(f"this tag allows {config['allowance_s']:g} s outside the budget, and "
+                        f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
+    return problems
+
+
+def _float_or_none(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
 
 
 def last_kept_commit(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
@@ -311,24 +419,49 @@ def _progress(log_path: Path) -> tuple[float | None, str | None]:
 class Training:
     code: int | None        # exit status, None when killed at the timeout
     timed_out: bool
-    result_after: float | None  # seconds from the start until result.json appeared, by the harness's clock
+    result_after: float | None  # seconds from the start until result.json first appeared, by the harness's clock
     wall: float
     cpu_at_result: float | None = None  # CPU seconds of the training's processes when result.json appeared
     load: float | None = None   # cores other processes kept busy meanwhile
+    done_after: float | None = None  # seconds from the start until the training's process ended
+    cpu_at_done: float | None = None  # CPU seconds of its processes until then
+    rewritten: list | None = None  # contract files (result, model) changed after result.json first appeared
+
+
+def contract_files() -> tuple[str, ...]:
+    contract = prepare_contract()
+    return contract.RESULT_FILE, contract.GRAPH_FILE, contract.TENSORS_FILE
+
+
+def files_state(out: Path) -> dict:
+    """The contract files in out/ by identity (inode, size, mtime): a second write shows as a change."""
+    state = {}
+    for name in contract_files():
+        try:
+            st = os.lstat(out / name)
+            state[name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        except OSError:
+            state[name] = None
+    return state
 
 
 class CappedLog:
     """Writes a process's output to a file, keeping the first and the last LOG_KEEP bytes: a train.py that
     prints gigabytes costs the disk at most 2 x LOG_KEEP, and the log still starts and ends as it should."""
 
-    def __init__(self, pipe, path: Path):
-        self.pipe, self.path, self.dropped = pipe, path, 0
+    def __init__(self, path: Path):
+        # created new, before the training starts: never a file (or a link) the training put there
+        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
+        self.path, self.dropped = path, 0
+
+    def start(self, pipe) -> None:
+        self.pipe = pipe
         self.thread = threading.Thread(target=self._pump, daemon=True)
         self.thread.start()
 
     def _pump(self) -> None:
         head, tail, last_flush = 0, bytearray(), 0.0
-        with open(self.path, "wb") as f:
+        with self.file as f:
             while True:
                 chunk = os.read(self.pipe.fileno(), 1 << 16)
                 eof = not chunk
@@ -366,39 +499,45 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those. `spare`: pids of this process's children
     that are not the training's (the waiting evaluator)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
-    env.update(AUTORESEARCH_RUN_DIR=str(run_dir), AUTORESEARCH_SEED=str(seed), AUTORESEARCH_CACHE=str(view),
+    out = run_dir / sandbox.OUT_DIR
+    contract = prepare_contract()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
+    env.update(AUTORESEARCH_RUN_DIR=str(out), AUTORESEARCH_CACHE=str(view),
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
+    env[contract.SEED_ENV] = str(seed)
     if "AUTORESEARCH_TIME_BUDGET" in os.environ:
         env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
     env.update(load.clock_env(clock, threads))
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(sandbox.compile_cache(prepare_contract().cache_dir()))
+    if (run_dir / sandbox.COMPILE_DIR).is_dir():
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / sandbox.COMPILE_DIR)
     if wrap is not None:
         env["TMPDIR"] = "/tmp"
     argv = [sys.executable, EDITABLE]
     lock.become_subreaper()  # orphans of the training become our children: still in the tree we kill
+    log = CappedLog(run_dir / "run.log")  # created before the training exists
     proc = subprocess.Popen(lock.tied_to_parent(wrap(argv) if wrap else argv), cwd=repo, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    log = CappedLog(proc.stdout, run_dir / "run.log")
+    log.start(proc.stdout)
     known = [lock.identity(proc.pid) or [proc.pid, 0.0]]
     pending["processes"] = known
     _atomic_json(pending_path, pending)
     start = time.time()
     meter = load.Meter()
     children_before = _children_cpu()
-    result_path = run_dir / prepare_contract().RESULT_FILE
-    result_after = cpu_at_result = None
+    result_path = out / contract.RESULT_FILE
+    result_after = cpu_at_result = written = None
     timed_out = False
     try:
         while proc.poll() is None:
             now = time.time()
-            if result_after is None and result_path.exists():
+            if result_after is None and os.path.lexists(result_path):
                 result_after = now - start
                 cpu_at_result = load.tree_cpu_seconds(known)
+                written = files_state(out)
             if now - start > timeout:
                 timed_out = True
                 break
-            tree = [i for i in lock.descendants() if i not in known and i[0] not in spare]
+            tree = [i for i in lock.descendants(spare) if i not in known]
             if tree:
                 known += tree
                 _atomic_json(pending_path, pending)
@@ -406,17 +545,24 @@ def train(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, p
                 on_progress(*_progress(run_dir / "run.log"))
             time.sleep(0.2)
     finally:
-        known += [i for i in lock.descendants() if i not in known and i[0] not in spare]
+        # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
+        # result.json written at once buys no time.
+        done_after = time.time() - start
+        cpu_at_done = load.tree_cpu_seconds(known)
+        known += [i for i in lock.descendants(spare) if i not in known]
         _kill_training(pending)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
         lock.reap(known)
         log.close()
     wall = time.time() - start
     tree_cpu = _children_cpu() - children_before
-    if result_after is None and result_path.exists():
-        result_after, cpu_at_result = wall, tree_cpu
+    final = files_state(out)
+    if result_after is None and final[contract.RESULT_FILE] is not None:
+        result_after, cpu_at_result, written = wall, tree_cpu, final
+    rewritten = [name for name in final if written is not None and final[name] != written[name]]
     return Training(None if timed_out else proc.returncode, timed_out, result_after, wall, cpu_at_result,
-                    round(meter.others(tree_cpu), 3))
+                    round(meter.others(tree_cpu), 3), done_after, max(cpu_at_done or 0.0, 0.0) or tree_cpu,
+                    rewritten)
 
 
 def _children_cpu() -> float:
@@ -442,12 +588,14 @@ def prepare_contract():
 def read_result(run_dir: Path) -> tuple[dict | None, str]:
     """The run's result.json, checked against the contract's schema. (result, problem)."""
     contract = prepare_contract()
-    path = run_dir / contract.RESULT_FILE
-    if not path.exists():
-        return None, "no result.json (train.py must end with prepare.finish)"
+    path = run_dir / sandbox.OUT_DIR / contract.RESULT_FILE
     try:
-        result = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        result = json.loads(evaluate.read_regular(path, evaluate.RESULT_LIMIT))
+    except FileNotFoundError:
+        return None, "no result.json (train.py must end with prepare.finish)"
+    except evaluate.Unsafe as e:
+        return None, str(e)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         return None, f"result.json is not valid JSON ({e})"
     problems = contract.check_result(result)
     if problems:
@@ -455,16 +603,18 @@ def read_result(run_dir: Path) -> tuple[dict | None, str]:
     return result, ""
 
 
-def outside_allowance(profile: str) -> float:
-    """Seconds a run may take beyond its budget until result.json appears: startup (imports, data, model,
-    probe) plus the export and check in prepare.finish. See README: Integrity."""
+def outside_allowance(profile: str, budget: float) -> float:
+    """Seconds a run may take beyond its budget until its process ends: startup (imports, data, model), the last
+    step's overshoot, the export and check in prepare.finish. A fixed part and a share of the budget (a fixed
+    30 s would be 300% of a 10 s budget); AUTORESEARCH_OUTSIDE_ALLOWANCE at setup overrides it. Recorded in
+    the tag. See README: Integrity."""
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
     if raw:
-        try:
-            return float(raw)
-        except ValueError:
-            raise HarnessError(f"AUTORESEARCH_OUTSIDE_ALLOWANCE={raw!r} is not a number of seconds.") from None
-    return OUTSIDE_ALLOWANCE[profile]
+        value = _float_or_none(raw)
+        if value is None or not value >= 0:
+            raise HarnessError(f"AUTORESEARCH_OUTSIDE_ALLOWANCE={raw!r} is not a number of seconds.")
+        return value
+    return round(ALLOWANCE_FIXED[profile] + ALLOWANCE_SHARE * budget, 3)
 
 
 def clean_prepare(repo: Path, config: dict) -> bytes:
@@ -476,11 +626,12 @@ def clean_prepare(repo: Path, config: dict) -> bytes:
     return source
 
 
-def experiment(repo: Path, description: str, rule: str = "stat", seed: int = 42, on_outcome=None,
+def experiment(repo: Path, description: str, rule: str | None = None, seed: int = 42, on_outcome=None,
                **kw) -> list[Outcome]:
-    """One experiment under the decision rule: its first run, then (stat) the repeats its series needs, each
-    recorded as it ends. An open series left by a killed harness is finished first (see run_experiment)."""
-    if rule not in decide.RULES:
+    """One experiment under the decision rule (the tag's by default): its first run, then (stat) the repeats its
+    series needs, each recorded as it ends. An open series left by a killed harness is finished first (see
+    run_experiment)."""
+    if rule is not None and rule not in decide.RULES:
         raise HarnessError(f"--decision {rule!r}: use stat (repeats until the rule is sure, the default) or naive "
                            "(one run, kept when below the best single run: the public project's rule).")
     outcomes = []
@@ -552,13 +703,11 @@ class Fixed:
     source: bytes      # prepare.py as committed at the tag's base commit
     cache: Path
     manifest: dict
-    allowance: float   # seconds beyond the budget until result.json
 
 
 def fixed_half(repo: Path, config: dict) -> Fixed:
     contract = prepare_contract()
-    manifest = contract.require_manifest()
-    return Fixed(clean_prepare(repo, config), contract.cache_dir(), manifest, outside_allowance(manifest["profile"]))
+    return Fixed(clean_prepare(repo, config), contract.cache_dir(), contract.require_manifest())
 
 
 @dataclass
@@ -572,24 +721,31 @@ class Execution:
 
 def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, pending_path: Path,
             protection: str, fixed: Fixed, timeout: float | None = None, on_progress=None,
-            test_threshold: float | None = None, run_no: int = 1, hide: list[Path] = ()) -> Execution:
+            test_threshold: float | None = None, run_no: int = 1, compile_base: Path | None = None) -> Execution:
     """Train repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
     integrity checks) and evaluate the model it exported. Writes nothing but run_dir and pending; the caller
-    records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy;
-    `hide` names more paths the sandbox hides (the driver's ledger and state, from a worker on its machine)."""
+    records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy.
+    compile_base: the compile cache the run gets a private copy of (compiled.py), None for none."""
     clock, threads, budget = config["clock"], tag_threads(config), config["budget_s"]
-    view = sandbox.make_view(run_dir, fixed.cache, fixed.manifest)
-    wrap = ((lambda argv: sandbox.wrap(argv, repo, run_dir, fixed.cache, fixed.manifest, hide)) if protection == "bwrap"
+    out = run_dir / sandbox.OUT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    view = sandbox.make_view(run_dir, fixed.cache, fixed.manifest, config.get("peak_flops"))
+    if compile_base is not None:
+        compiled.private_copy(compile_base, run_dir)
+        base_before = compiled.state(compile_base) if protection != "bwrap" else None
+    wrap = ((lambda argv: sandbox.wrap(argv, repo, run_dir, fixed.cache, fixed.manifest)) if protection == "bwrap"
             else None)
     before = guard.snapshot(repo, exclude=[run_dir, pending_path])
-    if timeout is None:  # on the cpu clock a busy machine may stretch the budget's wall time
-        timeout = (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
+    timeout = min(timeout or config.get("timeout_s") or default_timeout(budget, clock),
+                  config.get("timeout_s") or float("inf"))
     # The evaluator imports torch while train.py starts (evaluate.Evaluator); closed unused if the run fails.
-    with contextlib.closing(evaluate.Evaluator(fixed.source, fixed.cache)) as evaluator:
-        training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock, threads,
-                         spare=[evaluator.proc.pid])
+    with contextlib.closing(evaluate.Evaluator(fixed.source, fixed.cache, out, protection)) as evaluator:
+        try:
+            training = train(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock,
+                             threads, spare=[evaluator.proc.pid])
+        finally:
+            shutil.rmtree(run_dir / sandbox.COMPILE_DIR, ignore_errors=True)  # throwaway: no run reads it again
         log_text = (run_dir / "run.log").read_text(errors="replace")
-        sandbox.keep_measurements(view, fixed.cache)
 
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
         after = guard.snapshot(repo, exclude=[run_dir, pending_path])
@@ -600,6 +756,9 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             lost = guard.restore(repo, before, after)
             refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
                        (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
+        elif compile_base is not None and base_before is not None and compiled.state(compile_base) != base_before:
+            compiled.discard(fixed.cache, compile_base.name)
+            refusal = "the run wrote into the shared compile cache (thrown away; the next run fills a new one)"
         else:
             try:
                 fingerprint_after = fixed_fingerprint(repo)
@@ -609,6 +768,8 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 refusal = ("the prepared data or prepare.py changed during the run; every later run is refused until "
                            "`python prepare.py --force` restores it")
         result = None
+        allowance = config["allowance_s"]
+        took = budget + outside_seconds(config, training)
         if refusal is None:
             result, problem = (None, "") if training.timed_out or training.code != 0 else read_result(run_dir)
             if training.timed_out:
@@ -621,14 +782,25 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 crash = problem
             elif result.get("export_error"):
                 crash = f"the model could not be exported: {result['export_error'][:300]}"
+            elif training.rewritten:
+                refusal = (f"{', '.join(training.rewritten)} changed after result.json first appeared; "
+                           "prepare.finish writes the result and the model once, when training is over")
             elif result["time_budget"] != budget:
                 refusal = f"the run used a {result['time_budget']} s budget, not {budget} s"
-            elif training.result_after > budget + fixed.allowance and clock == "wall":
-                refusal = (f"the run took {training.result_after:.0f} s until its result, more than the {budget}"
-                           f" s budget plus the {fixed.allowance:.0f} s allowance for startup and export")
-            elif clock == "cpu" and (training.cpu_at_result or 0) / threads > budget + fixed.allowance:
-                refusal = (f"the run used {training.cpu_at_result / threads:.0f} s of CPU per thread until its result, "
-                           f"more than the {budget} s budget plus the {fixed.allowance:.0f} s allowance")
+            elif result["seed"] != seed or result.get("data_seed") not in (None, seed):
+                refusal = (f"the run used seed {result['seed']} (data order: {result.get('data_seed')}), not the "
+                           f"harness's {seed}: train.py must seed from AUTORESEARCH_SEED, so that repeats are "
+                           "independent samples")
+            elif took > budget + allowance:
+                first_step = result.get("compile_seconds")
+                if isinstance(first_step, (int, float)) and first_step > budget:
+                    crash = (f"the first step (compilation and warm-up) took {first_step:.0f} s, more than the "
+                             f"whole {budget:g} s budget: this budget is too short for this train.py. Use a longer "
+                             f"budget, or USE_COMPILE = False for smoke tests")
+                else:
+                    refusal = (f"the run took {took:.0f} s {'of CPU per thread ' if clock == 'cpu' else ''}until "
+                               f"its process ended, more than the {budget:g} s budget plus the {allowance:g} s "
+                               "allowance for startup and export")
         if refusal is None and crash is None:
             def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
                 pending["processes"].append(lock.identity(pid) or [pid, 0.0])
@@ -637,10 +809,11 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
             evaluation = evaluator.run(
-                run_dir, result["dtype"], result["device"], result["check_bpb"],
+                result["dtype"], result["device"], result["check_bpb"],
                 test_threshold if test_threshold is not None else float("inf"), timeout=EVAL_TIMEOUT,
                 on_start=evaluator_started)
-            evaluation["outside_s"] = training.result_after - budget
+            evaluation["outside_s"] = round(took - budget, 3)
+            evaluation["allowance_s"] = allowance
             if "refused" in evaluation:
                 refusal = evaluation["refused"]
             elif "error" in evaluation:
@@ -652,6 +825,16 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             _atomic_json(run_dir / "evaluation.json", evaluation)
         status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
         return Execution(status, refusal or crash or "", result, evaluation, training)
+
+
+def outside_seconds(config: dict, training: Training) -> float:
+    """Seconds the training ran beyond its budget until its process ended, on the tag's clock (cpu: CPU seconds
+    per thread)."""
+    if config["clock"] == "cpu":
+        took = (training.cpu_at_done or 0.0) / tag_threads(config)
+    else:
+        took = training.done_after if training.done_after is not None else training.wall
+    return round(took - config["budget_s"], 3)
 
 
 def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | None:
@@ -670,7 +853,8 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
                repeat: int, **where) -> ledger.Row:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
     common = dict(seed=seed, protection=protection, config=config_id, repeat=repeat, load=ex.training.load,
-                  wall=ex.training.wall, **where)
+                  wall=ex.training.wall, outside_s=outside_seconds(config, ex.training) if ex.training.wall else None,
+                  **where)
     if ex.status == "refused":
         return _row(config, commit, f"{description} [refused: {ex.reason}]", run_id, "refused", **common)
     if ex.status == "crash":
@@ -685,21 +869,28 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
     cold = (ex.result.get("compile_seconds") or 0) > cold_after
     status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb,
                           best_row.val_bpb if best_row else None, cold)
+    test_bpb = ex.evaluation.get("test_bpb")
+    flags = [decide.identical_flag(rows, config_id, val_bpb, seed)]
+    if status == "keep":
+        flags.append(decide.test_gap_flag(rows, val_bpb, test_bpb, decide.pooled_noise(decide.samples(rows))))
     return _row(config, commit, description, run_id, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],
-                steps=ex.result["num_steps"], **stats, **common)
+                steps=ex.result["num_steps"], test_bpb=test_bpb, flags="; ".join(f for f in flags if f), **stats,
+                **common)
 
 
 def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
-                   on_progress=None, log=print, sandbox_mode: str = "auto", rule: str = "stat") -> Outcome:
+                   on_progress=None, log=print, sandbox_mode: str | None = None, rule: str | None = None) -> Outcome:
     """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
-    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
+    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it. sandbox_mode,
+    rule and timeout default to the tag's; weaker ones than the tag's are refused."""
     description = " ".join(description.split()) or "(no description)"
     config = load_tag(repo)
     recover(repo, log)
     try:
-        protection = sandbox.protection(sandbox_mode)
+        protection = sandbox.protection(sandbox_mode or "auto")
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
+    rule = rule or config.get("decision") or "stat"
     results = repo / "results.tsv"
     rows = ledger.read(results, config["tag"])
     series = decide.open_series(rows)
@@ -730,15 +921,24 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
                                     "refused", seed=seed, protection=protection, **where))
         raise HarnessError(f"Refused: {reason}")
 
+    pins = pin_problems(config, protection, rule, timeout)
+    if pins:
+        refuse("; ".join(pins) + ". A tag's rules are fixed at setup: run without those options, or set up a new "
+               "tag with the settings you want")
     changed = git.changed_files(repo)
     others = [p for p in changed if p != EDITABLE]
     if others:
         refuse(f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
+    size = (repo / EDITABLE).stat().st_size
+    if size > config["max_train_bytes"]:
+        refuse(f"{EDITABLE} has {size:,} bytes, more than this tag's limit of {config['max_train_bytes']:,} (set at "
+               f"setup): a file that size carries data, not code. Remove what it embeds")
     problem = preflight(repo, config)
     if problem:
         refuse(problem)
     fixed = fixed_half(repo, config)
+    base = compile_base(repo, config, rows, fixed, protection, log)
     if config["clock"] == "wall":  # a competing process would be measured, not train.py (load.py)
         try:
             load.wait_until_quiet(log)
@@ -762,14 +962,13 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     _atomic_json(pending_path, pending)
 
     ex = execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed, timeout, on_progress,
-                 test_threshold(rows, config, rule), series.runs + 1 if series else 1)
+                 test_threshold(rows, config, rule), series.runs + 1 if series else 1, base)
     outcome_row = result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
                              config_id, repeat, **where)
     log_path = run_dir / "run.log"
-    if ex.status == "ok":
-        with open(log_path, "a") as f:  # the public protocol's last line, now the harness's number
-            f.write(prepare_contract().final_line(outcome_row.val_bpb, outcome_row.memory_gb, outcome_row.steps)
-                    + "\n")
+    if ex.status == "ok":  # the public protocol's last line, now the harness's number
+        append_line(log_path, prepare_contract().final_line(outcome_row.val_bpb, outcome_row.memory_gb,
+                                                            outcome_row.steps))
     fault_point("recording")
     ledger.append(results, outcome_row)
     fault_point("recorded")
@@ -789,16 +988,46 @@ def new_run_id() -> str:
 
 
 def publish_log(repo: Path, log_path: Path) -> None:
-    """The finished run's log as repo/run.log, for agents that follow the public protocol."""
-    shutil.copyfile(log_path, state_dir(repo) / "run.log.tmp")  # same filesystem, outside the work tree
-    os.replace(state_dir(repo) / "run.log.tmp", repo / "run.log")
+    """The finished run's log as repo/run.log, for agents that follow the public protocol. Read as a regular file
+    only: a link left in its place would otherwise copy whatever it points to into the work tree."""
+    try:
+        data = evaluate.read_regular(log_path, 4 * LOG_KEEP)
+    except (OSError, evaluate.Unsafe) as e:
+        data = f"(the run's log could not be read: {e})\n".encode()
+    tmp = state_dir(repo) / f".run.log.{uuid.uuid4().hex[:8]}.tmp"  # same filesystem, outside the work tree
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, repo / "run.log")
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append to a harness file, never through a link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        return
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
 
 
 def drop_model(run_dir: Path) -> None:
     """Only kept models are worth their disk."""
     contract = prepare_contract()
     for name in (contract.TENSORS_FILE, contract.GRAPH_FILE):
-        (run_dir / name).unlink(missing_ok=True)
+        (run_dir / sandbox.OUT_DIR / name).unlink(missing_ok=True)
+
+
+def compile_base(repo: Path, config: dict, rows: list[ledger.Row], fixed: Fixed, protection: str,
+                 log=print) -> Path | None:
+    """The compile cache this tag's next run starts from: the champion's base, filled by a compile phase the
+    first time (compiled.py); None when the tag was set up with AUTORESEARCH_COMPILE_CACHE=off."""
+    if config.get("compile_cache", "champion") == "off":
+        return None
+    champion = last_kept_commit(repo, config, rows)
+    source = git.git(repo, "show", f"{champion}:{EDITABLE}", strip=False)
+    return compiled.ensure_base(fixed.cache, _config_of(repo, champion), source, fixed.source, fixed.manifest,
+                                config.get("peak_flops"), protection, tag_threads(config), log)
 
 
 def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before,

@@ -1,13 +1,23 @@
-"""What the training process may see: a run-scoped view of the data, and, where bubblewrap exists, a sandbox.
+"""What untrusted code may see: the training's run-scoped data view, and, where bubblewrap exists, the sandboxes
+of the three processes that run or read the agent's code.
 
-The view is a directory in the run directory with the manifest, the tokenizer and links to the training token
-files only: prepare.py pointed at it (AUTORESEARCH_CACHE) finds no validation or test split.
+A run's directory belongs to the harness. Inside it, `data/` is the training's view of the data (the manifest, the
+tokenizer, the tag's device measurements and links to the training token files only: prepare.py pointed at it
+finds no validation or test split), `out/` is the one directory the training may write (its result.json and
+exported model), and `compile/` a throwaway copy of the compile cache. The log and the harness's evaluation.json
+sit beside them, out of the training's reach.
 
-Under bubblewrap (`bwrap`, Linux) the training process runs with the whole filesystem read-only, its run
-directory and the compile cache writable, /tmp private, no network, its own process namespace (when it ends,
-every process it started ends too), and these hidden: the data cache (but the training files it may read), the local corpus
-prepare read, npm's cache, the repository's .git, .autoresearch and results.tsv. Without bubblewrap nothing
-is enforced; the harness still detects what changed afterwards (see guard.py), and the row says so.
+Under bubblewrap (`bwrap`, Linux) each process starts from an empty root that holds only what it needs, read-only:
+the system's programs and libraries (/usr, /etc, ...), the Python installation, and then
+- the training: train.py and prepare.py (at their paths in the repository, nothing else of it), its data view,
+  the training token files, `out/` writable, the compile cache's private copy writable;
+- the evaluator: its private copy of evaluate.py and the clean prepare.py, the data cache, `out/`, nothing
+  writable (it answers on a pipe);
+- the compile phase: the champion's train.py and prepare.py, a view without any token file, the compile cache
+  writable (see compiled.py).
+Each has a private /tmp and /dev/shm, no network, its own process namespace (every process it starts ends with it). Without
+bubblewrap nothing is enforced while the code runs; the harness detects afterwards what changed in the
+repository and the data (guard.py), and the row says so (protection=none).
 """
 
 from __future__ import annotations
@@ -19,24 +29,19 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 MODES = ("auto", "on", "off")
-VIEW_DIR = "data"
-SHARED_CACHE_FILES = ("peak_flops.json",)  # measurements train.py may reuse; copied, never written back
+VIEW_DIR = "data"        # in a run's directory: the training's data view (read-only to it)
+OUT_DIR = "out"          # in a run's directory: the only directory the training writes
+COMPILE_DIR = "compile"  # in a run's directory: the run's private, throwaway copy of the compile cache
+PEAK_FILE = "peak_flops.json"  # the tag's device measurements, written into the view by the harness
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda", "/sys")
 
 
 class SandboxError(RuntimeError):
     pass
-
-
-def compile_cache(cache: Path) -> Path:
-    """torch.compile's cache (TORCHINDUCTOR_CACHE_DIR) for the trainings of one data cache: beside it, so that
-    it outlives each run's private /tmp and an unchanged graph compiles in seconds. Only trainings use it; the
-    harness's evaluation never compiles, so nothing written there can reach the metric."""
-    path = cache.parent / f"{cache.name}-compile"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def inductor_default_dir() -> str:
@@ -56,41 +61,29 @@ def training_files(manifest: dict) -> list[str]:
                   if Path(rel).name.startswith("train_") and rel.endswith((".tokens.npy", ".offsets.npy")))
 
 
-def make_view(run_dir: Path, cache: Path, manifest: dict) -> Path:
+def make_view(run_dir: Path, cache: Path, manifest: dict, peaks: dict | None = None, tokens: bool = True) -> Path:
+    """The data view in run_dir: manifest, tokenizer, the tag's peak FLOP/s (measured by the harness at setup,
+    so no run can change what a later run reads), and links to the training token files (none: tokens False)."""
     view = run_dir / VIEW_DIR
     (view / manifest["data_dir"]).mkdir(parents=True, exist_ok=True)
-    for name in ("manifest.json", "tokenizer.json", *SHARED_CACHE_FILES):
-        if (cache / name).is_file():
-            shutil.copyfile(cache / name, view / name)
-    for rel in training_files(manifest):
-        (view / rel).symlink_to((cache / rel).resolve())
+    for name in ("manifest.json", "tokenizer.json"):
+        shutil.copyfile(cache / name, view / name)
+    if peaks:
+        (view / PEAK_FILE).write_text(json.dumps(peaks, indent=1))
+    if tokens:
+        for rel in training_files(manifest):
+            (view / rel).symlink_to((cache / rel).resolve())
     return view
-
-
-def keep_measurements(view: Path, cache: Path) -> None:
-    """Copy train.py's cached device measurements (the peak-FLOP/s probe) from the view back to the cache, if
-    they are what they should be: a JSON object of numbers. They only feed the MFU that train.py prints."""
-    for name in SHARED_CACHE_FILES:
-        try:
-            data = json.loads((view / name).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and len(data) < 100 and all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in data.items()):
-            tmp = cache / (name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            os.replace(tmp, cache / name)
 
 
 @functools.lru_cache(maxsize=None)
 def bwrap_works() -> bool:
-    """Whether bubblewrap is installed and can create the namespaces it needs here."""
+    """Whether bubblewrap is installed and can create the namespaces it needs here, from an empty root."""
     exe = shutil.which("bwrap")
     if exe is None:
         return False
     try:
-        proc = subprocess.run([exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-                               "--unshare-net", "--", "true"], capture_output=True, timeout=30)
+        proc = subprocess.run([*_base(), "--", sys.executable, "-c", "pass"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -106,34 +99,109 @@ def protection(mode: str) -> str:
         return "bwrap"
     if mode == "on":
         raise SandboxError("--sandbox on needs bubblewrap, and `bwrap` is missing or cannot create namespaces here. "
-                           "Install it (`apt-get install bubblewrap` on Debian/Ubuntu), or run with "
-                           "`--sandbox auto` / `--sandbox off` (no enforcement; see README: Integrity).")
+                           "Install it (`apt-get install bubblewrap` on Debian/Ubuntu), or set the tag up with "
+                           "`--sandbox off` (no enforcement; see README: Integrity).")
     return "none"
 
 
-def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict, hide=()) -> list[str]:
-    """argv wrapped in bubblewrap as described above, `hide` hidden too. Later mounts go over earlier ones."""
-    hidden_dirs = [cache.resolve(), repo / ".git", repo / ".autoresearch", Path.home() / ".npm"]
-    source = manifest.get("source", {}).get("path")
-    hidden_files = [repo / "results.tsv"]
-    for path in hide:
-        (hidden_dirs if Path(path).is_dir() else hidden_files).append(Path(path))
-    if source:
-        (hidden_dirs if Path(source).is_dir() else hidden_files).append(Path(source))
-    args = ["bwrap", "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent",
-            "--ro-bind", str(repo), str(repo)]  # again, in case it lives under /tmp
-    for d in hidden_dirs:
-        if d.is_dir():
-            args += ["--tmpfs", str(d)]
-    for f in hidden_files:
-        if f.is_file():
-            args += ["--ro-bind", "/dev/null", str(f)]
-    args += ["--bind", str(run_dir), str(run_dir)]
-    compiled = compile_cache(cache)
-    (compiled / "headers").mkdir(exist_ok=True)
-    args += ["--bind", str(compiled), str(compiled), "--bind", str(compiled / "headers"), inductor_default_dir()]
+def python_dirs() -> list[Path]:
+    """The Python installation this harness runs on: its prefixes and the directories on its path that hold
+    packages (site-packages, a venv's), wherever they live (a venv in the repository, pyenv under $HOME or /tmp).
+    A path entry that is the repository itself (an editable install) is not among them: the training needs the
+    installed packages, not the harness's source."""
+    dirs = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path):
+        if not p:
+            continue
+        path = Path(p).resolve()
+        if path.is_dir() and (path in map(Path, (sys.prefix, sys.base_prefix, sys.exec_prefix))
+                              or "-packages" in path.name or path.name.startswith("python")):
+            dirs.append(path)
+    exe = Path(sys.executable)
+    dirs += [exe.parent, exe.resolve().parent]
+    out = []
+    for d in sorted(set(dirs), key=lambda d: len(d.parts)):
+        if not any(d.is_relative_to(o) for o in out):
+            out.append(d)
+    return out
+
+
+def _base() -> list[str]:
+    """An empty root with the system and Python read-only, /dev, /proc, a private /tmp; no network, no other
+    process visible, dead with its parent."""
+    args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--dev-bind", "/dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):  # merged /usr: /bin -> usr/bin
+            args += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            args += ["--ro-bind", d, d]
+    for d in python_dirs():
+        if not any(d.is_relative_to(s) for s in SYSTEM_DIRS if os.path.isdir(s) and not os.path.islink(s)):
+            args += ["--ro-bind", str(d), str(d)]
+    return args
+
+
+def _finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:
+    return args + ["--remount-ro", "/", "--chdir", str(cwd), "--setenv", "HOME", "/tmp", "--", *argv]
+
+
+def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict) -> list[str]:
+    """The training's sandbox: train.py and prepare.py at their paths, the view and the training files
+    read-only, out/ and the compile cache's private copy writable."""
+    args = _base()
+    for name in ("train.py", "prepare.py"):
+        args += ["--ro-bind", str(repo / name), str(repo / name)]
+    args += ["--ro-bind", str(run_dir / VIEW_DIR), str(run_dir / VIEW_DIR)]
     for rel in training_files(manifest):
         real = str((cache / rel).resolve())
         args += ["--ro-bind", real, real]
-    return args + ["--chdir", str(repo), "--", *argv]
+    args += ["--bind", str(run_dir / OUT_DIR), str(run_dir / OUT_DIR)]
+    hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    if hf_home.is_dir():  # kernels' FA3, fetched once by hand: read-only, and HOME is /tmp in here
+        args += ["--ro-bind", str(hf_home), str(hf_home), "--setenv", "HF_HOME", str(hf_home)]
+    compiled = run_dir / COMPILE_DIR
+    if compiled.is_dir():
+        args += ["--bind", str(compiled), str(compiled), "--bind", str(compiled / "headers"), inductor_default_dir()]
+    return _finish(args, repo, argv)
+
+
+def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> list[str]:
+    """The evaluator's sandbox: its private directory (evaluate.py, the clean prepare.py), the data cache and the
+    run's out/, all read-only; it answers on its stdout."""
+    args = _base()
+    for path in (private, cache.resolve(), out):
+        args += ["--ro-bind", str(path), str(path)]
+    return _finish(args, private, argv)
+
+
+def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
+    """The compile phase's sandbox: its working directory (train.py, prepare.py, a view without token files)
+    read-only, the compile cache it fills writable."""
+    args = _base() + ["--ro-bind", str(workdir), str(workdir), "--bind", str(base), str(base),
+                      "--bind", str(base / "headers"), inductor_default_dir()]
+    return _finish(args, workdir, argv)
+
+
+def wrap_agent(argv: list[str], cache: Path, manifest: dict) -> list[str]:
+    """An external agent driven by `autoresearch loop --agent`: the machine as it is (it needs its network, its
+    credentials, the repository to edit), less what would let it train on the scored text or reach into later
+    runs: the data cache shows only the manifest, the tokenizer and the training files (no validation or test
+    tokens, no raw downloads), the local corpus and npm's cache (gutenberg's raw books) are hidden, and the
+    compile cache and the machine's measurements are read-only."""
+    cache = cache.resolve()
+    args = ["bwrap", "--dev-bind", "/", "/", "--die-with-parent", "--tmpfs", str(cache)]
+    for name in ("manifest.json", "tokenizer.json"):
+        args += ["--ro-bind", str(cache / name), str(cache / name)]
+    for rel in training_files(manifest):
+        args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
+    source = manifest.get("source", {}).get("path")
+    for hidden in (source, Path.home() / ".npm"):
+        if hidden and Path(hidden).is_dir():
+            args += ["--tmpfs", str(hidden)]
+        elif hidden and Path(hidden).is_file():
+            args += ["--ro-bind", "/dev/null", str(hidden)]
+    for shared in (cache.parent / f"{cache.name}-compile", cache.parent / f"{cache.name}-machine.json"):
+        if shared.exists():
+            args += ["--ro-bind", str(shared), str(shared)]
+    return args + ["--", *argv]

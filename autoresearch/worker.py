@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autoresearch import git, ledger, machine, run, sandbox
+from autoresearch import compiled, git, ledger, machine, run, sandbox
 
 STATE = run.STATE_DIR
 
@@ -122,6 +122,9 @@ class Worker:
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: {problem}")
         self.fixed = run.fixed_half(self.copy, config)
         self.protection = sandbox.protection(sandbox_mode)
+        if config.get("protection") == "bwrap" and self.protection != "bwrap":
+            raise WorkerRefused(f"{self.name} on {self.host} refuses to join: the tag runs every training in the "
+                                "bubblewrap sandbox, and it does not work here (install bubblewrap)")
         self.device = run.device_label(config, machine.hardware())
 
     def _recover(self) -> None:
@@ -157,10 +160,15 @@ class Worker:
         pending_path = self.copy / STATE / "pending.json"
         pending = {"run_id": job["run_id"], "tag": self.config["tag"], "processes": []}
         run._atomic_json(pending_path, pending)
-        hide = [self.driver_repo / name for name in (".git", STATE, "results.tsv")]
+        base = None
+        if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
+            base = compiled.ensure_base(self.fixed.cache, job["champion"], job["champion_source"], self.fixed.source,
+                                        self.fixed.manifest, self.config.get("peak_flops"), self.protection,
+                                        self.threads, log=lambda *a: None)
         started = time.time()
         ex = run.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
-                         self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1), hide=hide)
+                         self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
+                         compile_base=base)
         threshold = job.get("test_threshold")
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             run.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch.edit import set_constants  # noqa: E402
-from autoresearch.sandbox import compile_cache  # noqa: E402
+from autoresearch import compiled  # noqa: E402
 
 
 def parse_config(text: str) -> tuple[str | None, dict]:
@@ -68,11 +68,12 @@ def report(rows: list[dict]) -> None:
 
 def run_once(source: str, cache: Path, extra_env: dict) -> tuple[dict | str, float]:
     """Run one train.py by hand in a scratch directory: (its result.json, or the end of its output if it
-    crashed; the process's wall seconds). The compile cache is the harness's, so warm graphs stay warm."""
+    crashed; the process's wall seconds). The compile cache is one beside the harness's bases, kept across the
+    sweep's runs, so warm graphs stay warm (a sweep runs by hand: no run of it is judged by the harness)."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "train.py").write_text(source)
         env = dict(os.environ, AUTORESEARCH_RUN_DIR=tmp, PYTHONPATH=str(ROOT),
-                   TORCHINDUCTOR_CACHE_DIR=str(compile_cache(cache)), **extra_env)
+                   TORCHINDUCTOR_CACHE_DIR=str(compiled.root(cache) / "sweep"), **extra_env)
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "train.py"], cwd=tmp, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0

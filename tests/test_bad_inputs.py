@@ -2,6 +2,7 @@
 traceback, never a silent wrong result. (Budgets, damaged manifests and the lock are tested in test_harness.)"""
 
 import json
+import os
 import math
 import re
 import shutil
@@ -165,7 +166,7 @@ def test_a_validation_split_too_small_for_the_evaluation_is_found_by_prepare(tmp
 # --- result.json ----------------------------------------------------------------------------------------
 
 GOOD_RESULT = {"memory_gb": 0.5, "num_steps": 3, "training_seconds": 2.0, "time_budget": 2, "check_bpb": 2.5,
-               "device": "cpu", "dtype": "float32"}
+               "device": "cpu", "dtype": "float32", "seed": 42}
 
 
 @pytest.mark.parametrize("change, message", [
@@ -174,15 +175,37 @@ GOOD_RESULT = {"memory_gb": 0.5, "num_steps": 3, "training_seconds": 2.0, "time_
     ({"memory_gb": math.nan}, "memory_gb=nan is not finite"),
     ({"device": 1}, "device=1 is not of type str"),
     ({"num_steps": True}, "num_steps=True is not of type int"),
+    ({"seed": "42"}, "seed='42' is not of type int"),
 ])
 def test_a_result_json_that_breaks_the_schema_is_named(tmp_path, change, message):
-    (tmp_path / "result.json").write_text(json.dumps(dict(GOOD_RESULT, **change)))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "result.json").write_text(json.dumps(dict(GOOD_RESULT, **change)))
     result, problem = run.read_result(tmp_path)
     assert result is None and message in problem
-    (tmp_path / "result.json").write_text("{not json")
+    (out / "result.json").write_text("{not json")
     assert "not valid JSON" in run.read_result(tmp_path)[1]
-    (tmp_path / "result.json").write_text(json.dumps(GOOD_RESULT))
+    (out / "result.json").write_text(json.dumps(GOOD_RESULT))
     assert run.read_result(tmp_path) == (GOOD_RESULT, "")
+
+
+def test_a_result_json_that_is_a_link_a_fifo_or_huge_is_refused_without_reading_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps(GOOD_RESULT))
+    (out / "result.json").symlink_to(secret)
+    assert run.read_result(tmp_path) == (None, "result.json is a symbolic link; a run writes its files itself, "
+                                               "as regular files")
+    (out / "result.json").unlink()
+    os.mkfifo(out / "result.json")  # a read would block forever
+    result, problem = run.read_result(tmp_path)
+    assert result is None and "not a regular file" in problem
+    (out / "result.json").unlink()
+    with open(out / "result.json", "wb") as f:
+        f.truncate(1 << 40)  # sparse: 1 TB that costs nothing to make
+    result, problem = run.read_result(tmp_path)
+    assert result is None and "more than the 1,048,576 allowed" in problem
 
 # --- results.tsv ------------------------------------------------------------------------------------------
 
@@ -258,7 +281,7 @@ def test_sandbox_on_without_bubblewrap_names_the_package(repo, env, tmp_path):
 
 def test_a_train_py_that_prints_gigabytes_gets_a_capped_log(repo, env, monkeypatch):
     monkeypatch.setattr(run, "LOG_KEEP", 64 << 10)
-    assert cli(repo, "setup", "--tag", "loud", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "loud", "--sandbox", "off", env=env).returncode == 0
     (repo / "train.py").write_text("import sys\nprint('FIRST LINE')\nfor i in range(200000):\n"
                                    "    print('x' * 99)\nprint('LAST LINE')\nsys.exit(3)\n")
     monkeypatch.chdir(repo)

@@ -104,9 +104,9 @@ def test_the_cpu_clock_counts_only_the_compute_a_process_received(monkeypatch):
 
 def test_a_tag_on_the_cpu_clock_records_it_on_every_row(repo, env):
     cpu = dict(env, AUTORESEARCH_BUDGET_CLOCK="cpu")
-    assert cli(repo, "setup", "--tag", "c", env=cpu).returncode == 0
+    assert cli(repo, "setup", "--tag", "c", "--decision", "naive", env=cpu).returncode == 0
     assert json.loads((repo / ".autoresearch" / "tags" / "c.json").read_text())["clock"] == "cpu"
-    out = cli(repo, "run", "-m", "baseline", "--decision", "naive", env=cpu)
+    out = cli(repo, "run", "-m", "baseline", env=cpu)
     assert out.returncode == 0, out.stdout + out.stderr
     [row] = rows(repo)
     assert row.status == "keep" and row.clock == "cpu" and row.load is not None and row.load >= 0

@@ -107,10 +107,10 @@ def test_a_hang_is_killed_with_its_grandchildren(repo, env, sandbox, bwrap_or_sk
     if sandbox == "on":
         bwrap_or_skip()
     marker = f"hang-marker-{sandbox}-{os.getpid()}"
-    assert cli(repo, "setup", "--tag", "hang", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "hang", "--sandbox", sandbox, "--timeout", "3", env=env).returncode == 0
     (repo / "train.py").write_text(GRANDCHILD_HANG.replace("MARKER", marker).replace("SETSID", "True"))
     t0 = time.time()
-    out = cli(repo, "run", "-m", "hang forever", "--timeout", "3", "--sandbox", sandbox, env=env)
+    out = cli(repo, "run", "-m", "hang forever", env=env)
     assert out.returncode == 1 and time.time() - t0 < 30
     assert "timeout after 3 s" in rows(repo)[-1].description and rows(repo)[-1].status == "crash"
     assert rows(repo)[-1].protection == {"off": "none", "on": "bwrap"}[sandbox]
@@ -163,10 +163,9 @@ def _wait_for_training(repo, timeout=120):
 
 def test_sigkill_of_the_harness_mid_run_is_recovered_by_the_next_command_not_by_status(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
-    assert cli(repo, "setup", "--tag", "kill", env=slow).returncode == 0
+    assert cli(repo, "setup", "--tag", "kill", "--sandbox", "off", env=slow).returncode == 0
     edit_train(repo, r"^DEPTH = .*$", "DEPTH = 3")
-    harness = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "run", "-m", "will be killed",
-                                "--sandbox", "off"], cwd=repo, env=slow, stdout=subprocess.DEVNULL,
+    harness = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "run", "-m", "will be killed"], cwd=repo, env=slow, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     _wait_for_training(repo)
     pending = json.loads((repo / ".autoresearch" / "pending.json").read_text())
@@ -301,10 +300,10 @@ def test_compiled_runs_reuse_a_compile_cache_that_outlives_the_sandboxed_run(rep
     env = dict(env, AUTORESEARCH_CACHE=str(cache))
     (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True}, "cpu"))
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
-    assert cli(repo, "setup", "--tag", "compiled", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "compiled", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0
     compile_seconds = []
     for n in range(2):
-        out = cli(repo, "run", "-m", f"compiled {n}", "--decision", "naive", "--sandbox", "on", env=env)
+        out = cli(repo, "run", "-m", f"compiled {n}", env=env)
         run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
         log = (run_dir / "run.log").read_text()
         assert "compile=True" in log and "compile: inductor with" in log, log[:1000]

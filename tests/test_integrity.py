@@ -63,10 +63,10 @@ def attack(prelude="", forward="", before_finish="", extra_seconds=0):
 
 def run_attack(repo, env, source, sandbox="off", message="attack"):
     """Set up a tag, commit nothing else, run `source` as train.py. Returns (process, the one row)."""
-    assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "t", "--sandbox", sandbox, env=env).returncode == 0
     base = head(repo)
     (repo / "train.py").write_text(source)
-    out = cli(repo, "run", "-m", message, "--sandbox", sandbox, env=env)
+    out = cli(repo, "run", "-m", message, env=env)
     recorded = rows(repo)
     assert len(recorded) == 1, [r.description for r in recorded]  # only the harness's own row
     assert head(repo) == base, "the branch must be back on the base commit"
@@ -88,9 +88,9 @@ def own_cache(small_cache, tmp_path, env):
 
 
 def test_an_honest_run_is_kept_with_the_harness_number(repo, env):
-    assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "t", "--sandbox", "off", "--decision", "naive", env=env).returncode == 0
     (repo / "train.py").write_text(attack())
-    out = cli(repo, "run", "-m", "honest bigram", "--sandbox", "off", "--decision", "naive", env=env)
+    out = cli(repo, "run", "-m", "honest bigram", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     [row] = rows(repo)
     evaluation = json.loads(next((repo / ".autoresearch" / "runs").glob("*/evaluation.json")).read_text())
@@ -203,7 +203,7 @@ def test_editing_the_data_in_place_is_refused_and_blocks_later_runs(repo, env, o
     assert row.status == "refused" and "prepared data or prepare.py changed during the run" in row.description
     assert not data_intact(own_cache)
     (repo / "train.py").write_text(attack())
-    later = cli(repo, "run", "-m", "honest", "--sandbox", "off", env=env)
+    later = cli(repo, "run", "-m", "honest", env=env)
     assert later.returncode == 2 and "prepare.py --force" in later.stderr
     assert [r.status for r in rows(repo)] == ["refused", "refused"] and "does not match its checksum" in \
         rows(repo)[-1].description
@@ -239,10 +239,10 @@ def _harness_state(repo):
 
 @pytest.mark.parametrize("what", sorted(TAMPERING))
 def test_changing_the_harness_state_is_refused_and_undone(repo, env, what):
-    assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "t", "--sandbox", "off", env=env).returncode == 0
     state = _harness_state(repo)
     (repo / "train.py").write_text(attack(prelude="import pathlib\n" + TAMPERING[what]))
-    out = cli(repo, "run", "-m", "tamper", "--sandbox", "off", env=env)
+    out = cli(repo, "run", "-m", "tamper", env=env)
     assert out.returncode == 2 and out.stdout.startswith("refused:"), out.stdout + out.stderr
     [row] = ledger.read(repo / "results.tsv")
     assert row.status == "refused" and "changed files outside its run directory" in row.description
@@ -256,10 +256,10 @@ def test_the_sandbox_stops_every_change_to_the_harness_state(repo, env, bwrap_or
     bwrap_or_skip()
     prelude = "import pathlib\n" + "\n".join(f"try:\n    {code}\nexcept OSError as e:\n    print('blocked:', e)"
                                              for code in TAMPERING.values())
-    assert cli(repo, "setup", "--tag", "t", env=env).returncode == 0
+    assert cli(repo, "setup", "--tag", "t", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0
     state = _harness_state(repo)
     (repo / "train.py").write_text(attack(prelude=prelude))
-    out = cli(repo, "run", "-m", "tamper in the sandbox", "--sandbox", "on", "--decision", "naive", env=env)
+    out = cli(repo, "run", "-m", "tamper in the sandbox", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     [row] = ledger.read(repo / "results.tsv")
     assert row.status == "keep" and row.protection == "bwrap"  # nothing got through, so nothing to refuse

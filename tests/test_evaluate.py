@@ -1,0 +1,210 @@
+"""The evaluator's own defences, in process and fast: the graph file is validated and rebuilt before torch's
+deserializer sees it (a fuzz test over every string of a real export), and the causality probes catch a model
+that reads the future on a fraction of the positions as often as the arithmetic says."""
+
+import json
+import math
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+from autoresearch import evaluate
+from conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def exported():
+    """A real export of train.py's GPT (one small block), as prepare.finish serializes it: (graph JSON, model)."""
+    import importlib.util
+
+    from torch._export.serde.serialize import serialize
+    spec = importlib.util.spec_from_file_location("train_for_export", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    cfg = train.GPTConfig(vocab_size=64, seq_len=16, n_layer=1, n_embd=32, head_dim=16, window_pattern="L", softcap=15.0)
+    torch.manual_seed(0)
+    model = train.GPT(cfg)
+    model.init_weights()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model.eval()
+    program = torch.export.export(model, (torch.zeros(2, 16, dtype=torch.long),), strict=False)
+    raw = serialize(program, serialize_state_dict=False, serialize_constants=False,
+                    serialize_example_inputs=False).exported_program
+    return raw, model, program
+
+
+def load(raw: bytes, program):
+    """What the evaluator does with a graph file: validate and rebuild it, then deserialize and run it."""
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+    clean = evaluate.sanitize_graph(raw)
+    state = {k: torch.nn.Parameter(v.detach(), requires_grad=False) for k, v in program.state_dict.items()}
+    module = deserialize(SerializedArtifact(clean, state, dict(program.constants), None)).module()
+    return module(torch.zeros(2, 16, dtype=torch.long))
+
+
+def test_an_honest_export_loads_and_computes_what_the_model_does(exported):
+    raw, model, program = exported
+    x = torch.randint(0, 64, (2, 16))
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+    state = {k: torch.nn.Parameter(v.detach(), requires_grad=False) for k, v in program.state_dict.items()}
+    module = deserialize(SerializedArtifact(evaluate.sanitize_graph(raw), state, dict(program.constants), None)).module()
+    assert torch.equal(module(x), model(x))
+
+
+def strings(node, path=()):
+    """Every string in a JSON document, dictionary keys included, as (path, is_key)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield path + (k,), True
+            yield from strings(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from strings(v, path + (i,))
+    elif isinstance(node, str):
+        yield path, False
+
+
+def replaced(doc, path, is_key, payload) -> bytes:
+    """The document with the string at path (a value, or a key) replaced by payload, serialized; doc unchanged."""
+    *parents, last = path
+    holder = doc
+    for p in parents:
+        holder = holder[p]
+    if is_key:
+        holder[payload] = holder.pop(last)
+        try:
+            return json.dumps(doc).encode()
+        finally:
+            holder[last] = holder.pop(payload)
+    old, holder[last] = holder[last], payload
+    try:
+        return json.dumps(doc).encode()
+    finally:
+        holder[last] = old
+
+
+def test_fuzz_every_string_of_a_real_graph_replaced_by_code_runs_nothing(exported, tmp_path):
+    """Each string of the export (values and keys: names, targets, specs, metadata, versions), replaced in turn by
+    Python that would write a canary file, in the forms a deserializer might evaluate (sympy, eval, a pytree
+    type name). Nothing may ever write the canary: each graph is refused, or loads with the string dropped."""
+    raw, _, program = exported
+    doc = json.loads(raw)
+    canary = tmp_path / "CANARY"
+    code = f"__import__('pathlib').Path({str(canary)!r}).write_text('ran')"
+    payloads = [f"{code} or 4", code, f"Symbol('s0') + ({code} and 0)", "builtins.eval", "os.system"]
+    places = list(strings(doc))
+    assert len(places) > 300  # the whole document: every node's target, names, metadata and the specs
+    kinds = {tuple(p if isinstance(p, str) else 0 for p in path): (path, is_key) for path, is_key in places}
+    clean = evaluate.sanitize_graph(raw)
+    outcomes = {"refused": 0, "dropped": 0, "loaded": 0}
+    for path, is_key in places:  # every place with the payload sympy and eval both run; each kind of place
+        first = kinds.get(tuple(p if isinstance(p, str) else 0 for p in path)) == (path, is_key)
+        for payload in payloads if first else payloads[:1]:  # with every payload
+            poisoned = replaced(doc, path, is_key, payload)
+            try:
+                rebuilt = evaluate.sanitize_graph(poisoned)
+            except (evaluate.Refused, evaluate.Broken):
+                outcomes["refused"] += 1
+                continue
+            if rebuilt == clean:  # the payload did not survive: torch gets exactly the honest document
+                outcomes["dropped"] += 1
+                continue
+            try:  # it survived into the rebuilt document: torch reads it, and it must still run nothing
+                load(poisoned, program)
+            except Exception:  # noqa: BLE001 - torch failing on it is fine; running code is not
+                pass
+            outcomes["loaded"] += 1
+            assert not canary.exists(), (path, payload)
+    load(raw, program)
+    assert not canary.exists()
+    assert outcomes["refused"] > outcomes["dropped"] > 0, outcomes  # names and targets refused; metadata dropped
+
+
+def test_symbolic_sizes_and_range_constraints_are_refused_before_torch_sees_them(exported, tmp_path):
+    raw, _, program = exported
+    canary = tmp_path / "CANARY"
+    code = f"__import__('pathlib').Path({str(canary)!r}).write_text('ran') or 2"
+    doc = json.loads(raw)
+    name = next(iter(doc["graph_module"]["graph"]["tensor_values"]))
+    doc["graph_module"]["graph"]["tensor_values"][name]["sizes"][0] = {"as_expr": {"expr_str": code,
+                                                                                 "hint": {"as_int": 2}}}
+    with pytest.raises(evaluate.Refused, match="not of the accepted form"):
+        load(json.dumps(doc).encode(), program)
+    doc = json.loads(raw)
+    doc["range_constraints"] = {"s0": {"min_val": 1, "max_val": code}}
+    doc["guards_code"] = [code]
+    load(json.dumps(doc).encode(), program)  # loads: both are dropped, never read
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize("target", ["torch.ops.aten.rand.default", "torch.ops.aten.add_.Tensor",
+                                    "torch.ops.aten.empty.memory_format", "torch.ops.aten.copy_.default",
+                                    "torch.ops.aten._local_scalar_dense.default", "torch.ops.aten.add.out",
+                                    "torch.ops.myext.leak.default", "builtins.eval"])
+def test_operators_off_the_list_are_refused(exported, target):
+    raw, _, program = exported
+    doc = json.loads(raw)
+    doc["graph_module"]["graph"]["nodes"][0]["target"] = target
+    with pytest.raises(evaluate.Refused, match="is not allowed"):
+        evaluate.sanitize_graph(json.dumps(doc).encode())
+
+
+def cheats_at(prefix: np.ndarray, fraction: float) -> bool:
+    """Where the cheating model reads the next token: a fixed fraction of the prefixes it can see (a hash of
+    the tokens so far), so it behaves the same wherever it sees the same prefix, in a probe too."""
+    return zlib.crc32(prefix.tobytes()) % 10_000 < fraction * 10_000
+
+
+def cheating_model(vocab: int, fraction: float):
+    def forward(x):
+        out = torch.zeros(x.shape[0], x.shape[1], vocab)
+        for b in range(x.shape[0]):
+            row = x[b].numpy()
+            for t in range(x.shape[1] - 1):
+                if cheats_at(row[:t + 1], fraction):
+                    out[b, t, int(row[t + 1])] = 10.0  # the next token: the cheat
+        return out
+    return forward
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.05])
+def test_the_probes_catch_a_model_that_reads_the_future_at_a_fraction_of_positions(fraction):
+    """The docs' arithmetic, checked: a model that reads the next token at a fraction f of the validation
+    positions (where, it decides from what it sees) is caught by k probes with probability 1 - (1 - f) ** k;
+    with CAUSAL_PROBES, >= 0.99 at f = 1%. Measured here over many secret draws, with k = 100."""
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 50, size=(40, 17))
+    forward = cheating_model(50, fraction)
+    # the share of cheating positions among those a probe can land on: j - 1 for 1 <= j < T (T = 16 inputs)
+    f = np.mean([cheats_at(rows[r, :t + 1], fraction) for r in range(40) for t in range(15)])
+    probes, caught, trials = 100, 0, 60
+    for trial in range(trials):
+        p = evaluate.CausalProbes(rows, 8, 50, np.random.default_rng(1000 + trial), probes)
+        for i in range(0, rows.shape[0], 8):
+            p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
+        try:
+            p.check(forward, 1e-5)
+        except evaluate.Refused:
+            caught += 1
+    expected = 1 - (1 - f) ** probes
+    assert abs(caught / trials - expected) < 4 * math.sqrt(expected * (1 - expected) / trials) + 0.05, (caught, expected)
+    assert 1 - (1 - 0.01) ** evaluate.CAUSAL_PROBES >= 0.99 > 1 - (1 - 0.01) ** (evaluate.CAUSAL_PROBES - 1)
+
+
+def test_an_honest_model_passes_every_probe():
+    rng = np.random.default_rng(1)
+    rows = rng.integers(0, 50, size=(24, 17))
+    emb = torch.randn(50, 50)
+
+    def forward(x):  # causal: position t sees tokens up to t (a running mean of embeddings)
+        e = emb[x]
+        return e.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
+
+    p = evaluate.CausalProbes(rows, 8, 50, rng, evaluate.CAUSAL_PROBES)
+    for i in range(0, rows.shape[0], 8):
+        p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
+    assert p.check(forward, 1e-5) == evaluate.CAUSAL_PROBES
