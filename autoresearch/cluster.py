@@ -180,7 +180,8 @@ class Driver:
         for _ in range(n):
             self.count += 1
             name = f"w{self.count}"
-            actor = self.actor_class.remote(str(self.repo), self.config, name, self.args.sandbox or "auto")
+            actor = self.actor_class.remote(str(self.repo), self.config, name,
+                                            self.args.sandbox or run.tag_sandbox_mode(self.config))
             self.joining[actor.join.remote()] = (name, actor, time.time())
 
     def joined(self, ref) -> None:

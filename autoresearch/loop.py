@@ -127,7 +127,7 @@ def main(repo: Path, args, log=print) -> int:
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = ensure_tag(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
     try:
-        protection = sandbox.protection(args.sandbox or "auto")  # --sandbox on without bubblewrap: an error before any run
+        protection = sandbox.protection(args.sandbox or run.tag_sandbox_mode(config))  # --sandbox on without bubblewrap: an error before any run
     except sandbox.SandboxError as e:
         raise run.HarnessError(str(e)) from None
     run.recover(repo, log)

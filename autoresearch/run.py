@@ -245,6 +245,11 @@ def measure_peaks(prepare_source: bytes, threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def tag_sandbox_mode(config: dict) -> str:
+    """The --sandbox a run of this tag gets when it names none: the tag's (auto for tags from before pins)."""
+    return {"bwrap": "auto", "none": "off"}.get(config.get("protection"), "auto")
+
+
 def pin_problems(config: dict, protection: str, rule: str, timeout: float | None) -> list[str]:
     """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
     problems = []
@@ -887,7 +892,7 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     config = load_tag(repo)
     recover(repo, log)
     try:
-        protection = sandbox.protection(sandbox_mode or "auto")
+        protection = sandbox.protection(sandbox_mode or tag_sandbox_mode(config))
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
     rule = rule or config.get("decision") or "stat"

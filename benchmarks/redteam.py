@@ -273,11 +273,11 @@ ATTACKS = [
            "459 causality probes on the validation rows themselves, at secret random positions",
            setup=("--sandbox", "off")),
     Attack("placeholder-result", "result.json written at once, then training on past the budget",
-           lambda c: attack(prelude=PLACEHOLDER, extra_seconds=8), "refused", "changed after result.json first appeared",
+           lambda c: attack(prelude=PLACEHOLDER, extra_seconds=3), "refused", "changed after result.json first appeared",
            "result and model must be written once; the budget runs until the process ends",
            setup=("--sandbox", "off")),
     Attack("past-the-budget", "training past the budget, the result written at the end",
-           lambda c: attack(extra_seconds=6), "refused", "until its process ended, more than the 2 s budget",
+           lambda c: attack(extra_seconds=4), "refused", "until its process ended, more than the 2 s budget",
            "the harness's clock, from start to the end of the process, against budget + the tag's allowance",
            setup=("--sandbox", "off"), env={"AUTORESEARCH_OUTSIDE_ALLOWANCE": "3"}),
     Attack("carried-state", "run 1 leaves weights in the compile cache, /dev/shm, /tmp and the device "
