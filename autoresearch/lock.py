@@ -150,15 +150,13 @@ def become_subreaper() -> bool:
 def descendants(spare=()) -> list[list]:
     """Identities of every live descendant of this process, less the subtrees rooted at the pids in `spare`
     (the waiting evaluator and its sandbox)."""
-    skip = set(spare)
-    for pid in spare:
-        try:
-            skip.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            continue
+    spare = set(spare)
     out = []
     for child in psutil.Process().children(recursive=True):
-        if child.pid in skip:
+        try:  # by ancestry, checked per process: one forked in the spare tree a moment ago is still spare
+            if child.pid in spare or any(a.pid in spare for a in child.parents()):
+                continue
+        except psutil.Error:
             continue
         try:
             out.append([child.pid, child.create_time()])

@@ -8,6 +8,9 @@ minute of the machine hits both. Outside-budget time is the whole `autoresearch 
 minus the budget: process starts, imports, the peak probe, data and model setup, export, evaluation and the
 harness's own work. The parts come from the run's result.json and, where the revision has one, the
 harness's evaluation.json. Uses the prepared data in AUTORESEARCH_CACHE (default ~/.cache/autoresearch).
+Since the compile cache has a base per champion (autoresearch/compiled.py), a revision's first run also fills
+that base (the compile phase, outside the budget, once per champion): its `outside` is not a typical run's,
+which is why the table gives medians.
 Run it alone: another torch process on the same cores makes every number meaningless.
 """
 
@@ -39,16 +42,25 @@ def cli(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+def naive_option(repo: Path, env: dict, command: str) -> list[str]:
+    """One run per command: since the stat rule, a tag's first `run` would run the baseline 3 times. Since the
+    tag pins its rule, `setup` takes the option; before, `run` did."""
+    pinned = "--decision" in cli(repo, env, "setup", "--help").stdout
+    wanted = "setup" if pinned else "run"
+    has = "--decision" in cli(repo, env, "run", "--help").stdout
+    return ["--decision", "naive"] if command == wanted and (pinned or has) else []
+
+
 def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
-    # One run per command: since the stat rule, a tag's first `run` would run the baseline 3 times.
-    naive = ["--decision", "naive"] if "--decision" in cli(repo, env, "run", "--help").stdout else []
+    naive = naive_option(repo, env, "run")
     t0 = time.perf_counter()
     proc = cli(repo, env, "run", "-m", f"unchanged {n}", *naive)
     total = time.perf_counter() - t0
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{repo}: autoresearch run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
-    result = json.loads((run_dir / "result.json").read_text()) if (run_dir / "result.json").exists() else {}
+    result_path = next((p for p in (run_dir / "out" / "result.json", run_dir / "result.json") if p.exists()), None)
+    result = json.loads(result_path.read_text()) if result_path else {}  # out/: since the harness owns run_dir
     evaluation = run_dir / "evaluation.json"
     evaluation = json.loads(evaluation.read_text()) if evaluation.exists() else {}
     m = {"total": total, "outside": total - budget, "status": proc.stdout.split(":", 1)[0],
@@ -82,7 +94,7 @@ def main() -> None:
         repos = {}
         for i, rev in enumerate(revs):
             repos[rev] = clone(rev, Path(tmp) / f"r{i}")
-            out = cli(repos[rev], env, "setup", "--tag", "overhead")
+            out = cli(repos[rev], env, "setup", "--tag", "overhead", *naive_option(repos[rev], env, "setup"))
             if out.returncode != 0:
                 raise SystemExit(f"setup failed for {rev}: {out.stderr}")
         rows = {rev: [] for rev in revs}

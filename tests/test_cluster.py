@@ -218,7 +218,7 @@ def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monk
 def test_a_worker_on_a_machine_with_other_data_refuses_to_join(repo, env, monkeypatch):
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_BUDGET_CLOCK", "OMP_NUM_THREADS"):
         monkeypatch.setenv(key, env.get(key, ""))  # restored afterwards: a worker sets them for itself
-    config = run.setup(repo, "w", threads=1)
+    config = run.setup(repo, "w", threads=1, sandbox_mode="off")
     worker = Worker(str(repo), dict(config, fingerprint="0" * 64), "w1", "off")
     info = worker.join()
     assert "refuses to join" in info["error"] and "prepare.py --force" in info["error"]

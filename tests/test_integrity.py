@@ -103,7 +103,8 @@ def test_a_fake_result_without_training_is_a_crash(repo, env):
 import json, os, pathlib
 run = pathlib.Path(os.environ["AUTORESEARCH_RUN_DIR"])
 json.dump({"val_bpb": 0.1, "memory_gb": 0.1, "num_steps": 1000, "training_seconds": 2.0, "time_budget": 2,
-           "check_bpb": 0.1, "device": "cpu", "dtype": "float32"}, open(run / "result.json", "w"))
+           "check_bpb": 0.1, "device": "cpu", "dtype": "float32", "seed": int(os.environ["AUTORESEARCH_SEED"])},
+          open(run / "result.json", "w"))
 print("val_bpb=0.1000 | memory_gb=0.1 | steps=1000")
 '''
     out, row = run_attack(repo, env, fake)
