@@ -292,6 +292,9 @@ def sanitize_graph(raw: bytes) -> bytes:
         if match.group(1) == "dropout" and not any(a["name"] == "train" and a["arg"] == {"as_bool": False}
                                                    for a in inputs):
             _fail(where, "dropout in training mode is random")
+        if "dot_product_attention" in match.group(1) and any(
+                a["name"] == "dropout_p" and a["arg"].get("as_float", 0.0) != 0.0 for a in inputs):
+            _fail(where, "attention dropout is random")
         outputs = [_argument(o, where + " output", defined) for o in _expect(node["outputs"], list, where)]
         clean_nodes.append({"target": node["target"], "inputs": inputs, "outputs": outputs, "metadata": {},
                             "is_hop_single_tensor_return": None})
