@@ -425,7 +425,9 @@ class CausalProbes:
         n_rows, t = rows.shape[0], rows.shape[1] - 1
         self.batch_size, self.rows = batch_size, rows
         self.picks = [(int(rng.integers(n_rows)), int(rng.integers(1, t))) for _ in range(probes)] if t > 1 else []
-        self.wanted = {r for r, _ in self.picks}
+        self.reach: dict[int, int] = {}  # row -> the positions any of its probes compares (the largest j)
+        for r, j in self.picks:
+            self.reach[r] = max(self.reach.get(r, 0), j)
         gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
         self.projection = torch.randn(vocab, self.PROJECTIONS, generator=gen, dtype=torch.float64)
         self.seen: dict[int, tuple] = {}
@@ -434,6 +436,8 @@ class CausalProbes:
         self.np = np
 
     def _project(self, logits):
+        """(positions, PROJECTIONS) projections of (positions, vocab) logits, and their scale (|logits| @ |R|),
+        in float64: only the positions a probe compares, so the scoring pass pays a few milliseconds."""
         logits = logits.detach().to("cpu", dtype=self.projection.dtype)
         return logits @ self.projection, logits.abs() @ self.projection.abs()
 
@@ -442,8 +446,8 @@ class CausalProbes:
         first = self.calls * self.batch_size
         self.calls += 1
         for r in range(first, min(first + self.batch_size, self.rows.shape[0])):
-            if r in self.wanted:
-                self.seen[r] = self._project(logits[r - first])
+            if r in self.reach:
+                self.seen[r] = self._project(logits[r - first, :self.reach[r]])
 
     def check(self, forward, tolerance: float) -> int:
         """Run every probe; Refused at the first earlier logit that moved. Returns the probes run."""
