@@ -20,6 +20,7 @@ compares the base before and after each run and throws it away when it changed (
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -64,10 +65,21 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
 
 def ensure_base(cache: Path, config_id: str, train_source: str, prepare_source: bytes, manifest: dict,
                 peaks: dict | None, protection: str, threads: int, log=print) -> Path:
-    """The base for runs whose champion is config_id, filled by a compile phase if it has none yet."""
+    """The base for runs whose champion is config_id, filled by a compile phase if it has none yet. One phase at a
+    time per base: parallel workers on one machine share the data cache, so they share its bases."""
     base = base_dir(cache, config_id)
     if ready(cache, config_id) is not None and base.is_dir():
         return base
+    root(cache).mkdir(parents=True, exist_ok=True)
+    with open(root(cache) / f"{config_id}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if ready(cache, config_id) is not None and base.is_dir():  # another worker filled it meanwhile
+            return base
+        return _fill(cache, config_id, base, train_source, prepare_source, manifest, peaks, protection, threads, log)
+
+
+def _fill(cache: Path, config_id: str, base: Path, train_source: str, prepare_source: bytes, manifest: dict,
+          peaks: dict | None, protection: str, threads: int, log) -> Path:
     shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))

@@ -8,57 +8,19 @@ out afterwards. The ones that only the sandbox can stop run with `--sandbox on`.
 import json
 import re
 import shutil
+import sys
 
 import pytest
 
 import prepare
 from autoresearch import ledger
-from conftest import cli
+from conftest import ROOT, cli
 from test_harness import head, rows
 
-# A tiny honest train.py: a bigram model (causal by construction), trained for the budget, handed to finish().
-TEMPLATE = '''
-import os, sys, time
-import torch, torch.nn as nn
-import prepare
-from prepare import MAX_SEQ_LEN, TIME_BUDGET, Tokenizer, finish, make_dataloader
-#PRELUDE
-tok = Tokenizer.from_directory()
-V = tok.get_vocab_size()
-
-class Bigram(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(V, V)
-
-    def forward(self, idx):
-        #FORWARD
-        return self.emb(idx)
-
-model = Bigram()
-opt = torch.optim.Adam(model.parameters(), lr=0.1)
-loader = make_dataloader(tok, 8, MAX_SEQ_LEN)
-t0, steps = time.time(), 0
-while time.time() - t0 < TIME_BUDGET + EXTRA_SECONDS:
-    x, y, _ = next(loader)
-    loss = nn.functional.cross_entropy(model(x).view(-1, V), y.reshape(-1))
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    steps += 1
-#BEFORE_FINISH
-finish(model, {"memory_gb": 0.1, "num_steps": steps, "training_seconds": time.time() - t0,
-               "time_budget": TIME_BUDGET, "device": "cpu", "dtype": "float32"}, 4)
-'''
-
-
-def attack(prelude="", forward="", before_finish="", extra_seconds=0):
-    source = TEMPLATE.replace("EXTRA_SECONDS", str(extra_seconds))
-    for marker, code, indent in (("#PRELUDE", prelude, ""), ("#FORWARD", forward, "        "),
-                                 ("#BEFORE_FINISH", before_finish, "")):
-        block = "\n".join(indent + line for line in code.strip("\n").splitlines())
-        source = source.replace(indent + marker if indent else marker, block or indent + "pass")
-    return source
+# A tiny honest train.py (a bigram model, causal by construction) and the markers attacks fill in: shared with
+# the red-team catalogue of issue 19 (benchmarks/redteam.py).
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from redteam import attack  # noqa: E402
 
 
 def run_attack(repo, env, source, sandbox="off", message="attack"):
