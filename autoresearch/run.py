@@ -262,8 +262,7 @@ def pin_problems(config: dict, protection: str, rule: str, timeout: float | None
     if timeout is not None and config.get("timeout_s") and timeout > config["timeout_s"]:
         problems.append(f"this tag's timeout is {config['timeout_s']:g} s, and this run asked for {timeout:g} s")
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
-    if raw and "allowance_s" in config and raw != repr(config["allowance_s"]) and \
-            _float_or_none(raw) != config["allowance_s"]:
+    if raw and "allowance_s" in config and _float_or_none(raw) != config["allowance_s"]:
         problems.append(f"this tag allows {config['allowance_s']:g} s outside the budget, and "
                         f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
     return problems
