@@ -1,77 +1,180 @@
-"""Everything a training run must leave as it was, checked after every run, restored when it was not.
+"""What a training run must leave as it was, checked after every run, restored when it was not.
 
-A snapshot covers every file of the repository (tracked, untracked and ignored: results.tsv, the tag files,
-.git's config, hooks and refs, any __pycache__) except git's object store, the run's own directory and the
-harness's pending file. Files up to SMALL bytes are kept whole, so a change can be put back; larger ones (old
-checkpoints) by size, mtime and inode. A new file is removed, a changed or removed small file is rewritten.
+The guard protects what a training could use to change the record or the next run, not what the harness and
+the user legitimately write meanwhile:
+- every file git sees (tracked and untracked), .git's config, hooks, refs and HEAD, and the index by what it
+  stages (a `git status` in a second terminal refreshes its bytes, not its meaning);
+- among ignored paths, only the record (results.tsv, the tag files) and Python's bytecode caches (__pycache__:
+  the harness imports prepare.py from the repository).
+Other ignored paths (a .venv, build/, progress.png, run.log, the stop file, other runs' directories) are not read:
+under bubblewrap the training cannot reach them at all (sandbox.py mounts nothing of the repository but train.py
+and prepare.py, read-only); without it they are outside what this guard checks, as a venv elsewhere on the disk
+would be (README: Integrity). Which paths are ignored is read before the run; a file that appears during it (a
+report's progress.png) is left alone only when a rule that was there before, unchanged, ignores it, so a run
+cannot hide what it writes behind a rule of its own.
+
+Regular files up to SMALL bytes are kept whole, so a change can be put back; larger ones by size, mtime and inode;
+anything else (a FIFO, a socket) by its type, never opened. A new file is removed, a changed or removed small file
+is rewritten.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
 from pathlib import Path
 
 SMALL = 1 << 20
 SKIP_DIRS = {(".git", "objects")}
+RECORD = ("results.tsv", ".autoresearch/tags")  # ignored by git, and the harness's record: always compared
+BYTECODE = "__pycache__"
+INDEX = ".git/index"
 
 
-def snapshot(repo: Path, exclude: list[Path]) -> dict[str, tuple]:
-    excluded = {p.resolve() for p in exclude}
-    state = {}
-    for top, dirs, files in os.walk(repo):
-        top_path = Path(top)
-        rel_top = top_path.relative_to(repo)
-        dirs[:] = [d for d in dirs if (top_path / d).resolve() not in excluded
-                   and (rel_top.parts + (d,))[-2:] not in SKIP_DIRS]
-        for name in files + [d for d in dirs if (top_path / d).is_symlink()]:
-            path = top_path / name
-            if path.resolve() in excluded and not path.is_symlink():
+def ignored(repo: Path) -> tuple[set[str], set[str]]:
+    """Paths git ignores in repo, as (directories, files), relative; an ignored directory is listed, not walked."""
+    proc = subprocess.run(["git", "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"],
+                          cwd=repo, capture_output=True)
+    if proc.returncode != 0:  # not a git work tree: nothing is ignored, everything is compared
+        return set(), set()
+    names = [n for n in proc.stdout.decode(errors="surrogateescape").split("\0") if n]
+    return {n.rstrip("/") for n in names if n.endswith("/")}, {n for n in names if not n.endswith("/")}
+
+
+def _protected(rel: str) -> bool:
+    return any(rel == r or rel.startswith(r + "/") for r in RECORD) or BYTECODE in rel.split("/")
+
+
+def _leads_to_record(rel: str) -> bool:
+    return any(r.startswith(rel + "/") for r in RECORD)
+
+
+class Guard:
+    """A snapshot of repo taken now; changes() compares it with the repository as it is then, restore() puts
+    back what changed. `exclude`: the run's own directory and the harness's pending file."""
+
+    def __init__(self, repo: Path, exclude: list[Path]):
+        self.repo = repo
+        self.excluded = {p.resolve() for p in exclude}
+        self.ignored_dirs, self.ignored_files = ignored(repo)
+        self.before = self.snapshot()
+        self.after = None
+
+    def _skipped(self, rel: str, is_dir: bool) -> bool:
+        if _protected(rel) or (is_dir and _leads_to_record(rel)):
+            return False
+        parts = rel.split("/")
+        if any("/".join(parts[:i]) in self.ignored_dirs for i in range(1, len(parts) + 1)):
+            return True
+        return rel in self.ignored_files
+
+    def snapshot(self) -> dict[str, tuple]:
+        repo, state = self.repo, {}
+        for top, dirs, files in os.walk(repo):
+            top_path = Path(top)
+            rel_top = top_path.relative_to(repo)
+            keep = []
+            for d in dirs:
+                rel = str(rel_top / d) if rel_top.parts else d
+                if (top_path / d).is_symlink():
+                    files.append(d)  # a link to a directory is compared as a link
+                elif ((top_path / d).resolve() not in self.excluded and (rel_top.parts + (d,))[-2:] not in SKIP_DIRS
+                      and not self._skipped(rel, True)):
+                    keep.append(d)
+            dirs[:] = keep
+            for name in files:
+                path = top_path / name
+                rel = str(path.relative_to(repo))
+                if (path.resolve() in self.excluded and not path.is_symlink()) or self._skipped(rel, False):
+                    continue
+                state[rel] = _entry(path, rel)
+        return state
+
+    def changes(self) -> list[str]:
+        """Paths added, removed or changed (content, mode, link target, a large file's size/mtime/inode, the
+        index's staged entries) since the snapshot."""
+        self.after = self.snapshot()
+        new = sorted(rel for rel in set(self.after) - set(self.before) if not _protected(rel))
+        for rel in self._ignored_by_old_rules(new):
+            del self.after[rel]
+        out = []
+        for rel in sorted(set(self.before) | set(self.after)):
+            old, new = self.before.get(rel), self.after.get(rel)
+            if old is None:
+                out.append(f"{rel} (added)")
+            elif new is None:
+                out.append(f"{rel} (removed)")
+            elif _meaning(old) != _meaning(new):
+                out.append(f"{rel} (changed)")
+        return out
+
+    def _ignored_by_old_rules(self, paths: list[str]) -> list[str]:
+        """Those of `paths` that git ignores by a rule from a file that was in the snapshot, unchanged."""
+        if not paths:
+            return []
+        proc = subprocess.run(["git", "check-ignore", "-v", "-z", "--stdin"], cwd=self.repo,
+                              input="\0".join(paths).encode(errors="surrogateescape"), capture_output=True)
+        fields = proc.stdout.decode(errors="surrogateescape").split("\0")
+        out = []
+        for i in range(0, len(fields) - 3, 4):  # source, line, pattern, path
+            source, pattern, path = fields[i], fields[i + 2], fields[i + 3]
+            rel = os.path.relpath(source, self.repo) if os.path.isabs(source) else source
+            if pattern.startswith("!") or rel not in self.before:
                 continue
-            rel = str(path.relative_to(repo))
-            st = path.lstat()
-            if path.is_symlink():
-                state[rel] = ("link", os.readlink(path))
-            elif st.st_size <= SMALL:
-                state[rel] = ("bytes", path.read_bytes(), st.st_mode)
-            else:
-                state[rel] = ("stat", st.st_size, st.st_mtime_ns, st.st_ino)
-    return state
+            if _meaning(self.before[rel]) == _meaning(self.after.get(rel, ())):
+                out.append(path)
+        return out
 
-
-def changes(before: dict, after: dict) -> list[str]:
-    """Paths added, removed or changed (content, mode, link target, or a large file's size/mtime/inode)."""
-    out = []
-    for rel in sorted(set(before) | set(after)):
-        if rel not in before:
-            out.append(f"{rel} (added)")
-        elif rel not in after:
-            out.append(f"{rel} (removed)")
-        elif before[rel] != after[rel]:
-            out.append(f"{rel} (changed)")
-    return out
-
-
-def restore(repo: Path, before: dict, after: dict) -> list[str]:
-    """Put back what changed; returns the paths that could not be restored (large files)."""
-    lost = []
-    for rel in sorted(set(before) | set(after)):
-        path = repo / rel
-        old, new = before.get(rel), after.get(rel)
-        if old == new:
-            continue
-        if old is None:
-            if path.is_symlink() or path.is_file():
+    def restore(self) -> list[str]:
+        """Put back what changed; the paths that could not be restored (large files, FIFOs and the like)."""
+        lost = []
+        for rel in sorted(set(self.before) | set(self.after or {})):
+            path = self.repo / rel
+            old, new = self.before.get(rel), (self.after or {}).get(rel)
+            if old is not None and new is not None and _meaning(old) == _meaning(new):
+                continue
+            if old is None:
+                if path.is_symlink() or not path.is_dir():
+                    path.unlink(missing_ok=True)
+                continue
+            if old[0] in ("stat", "special"):
+                lost.append(rel)
+                continue
+            if path.is_symlink() or (path.exists() and not path.is_dir()):
                 path.unlink()
-            continue
-        if old[0] == "stat":
-            lost.append(rel)
-            continue
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if old[0] == "link":
-            path.symlink_to(old[1])
-        else:
-            path.write_bytes(old[1])
-            os.chmod(path, old[2] & 0o7777)
-    return lost
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if old[0] == "link":
+                path.symlink_to(old[1])
+            else:
+                path.write_bytes(old[1])
+                os.chmod(path, old[2] & 0o7777)
+        return lost
+
+
+def _entry(path: Path, rel: str) -> tuple:
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        return ("link", os.readlink(path))
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block a read forever
+        return ("special", stat.S_IFMT(st.st_mode), st.st_ino)
+    if st.st_size > SMALL:
+        return ("stat", st.st_size, st.st_mtime_ns, st.st_ino)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(SMALL + 1)
+    if rel == INDEX:
+        return ("bytes", data, st.st_mode, _staged(path.parent.parent))
+    return ("bytes", data, st.st_mode)
+
+
+def _staged(repo: Path) -> str:
+    """What the index stages (mode, blob, stage, path per entry): its meaning, without the stat data git
+    refreshes whenever anyone runs `git status`."""
+    return subprocess.run(["git", "ls-files", "--stage", "-z"], cwd=repo, capture_output=True).stdout.hex()
+
+
+def _meaning(entry: tuple) -> tuple:
+    if entry[0] == "bytes" and len(entry) == 4:  # the index: compared by what it stages
+        return ("index", entry[3], entry[2])
+    return entry

@@ -739,7 +739,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
         base_before = compiled.state(compile_base) if protection != "bwrap" else None
     wrap = ((lambda argv: sandbox.wrap(argv, repo, run_dir, fixed.cache, fixed.manifest)) if protection == "bwrap"
             else None)
-    before = guard.snapshot(repo, exclude=[run_dir, pending_path])
+    watch = guard.Guard(repo, exclude=[run_dir, pending_path])
     timeout = min(timeout or config.get("timeout_s") or default_timeout(budget, clock),
                   config.get("timeout_s") or float("inf"))
     # The evaluator imports torch while train.py starts (evaluate.Evaluator); closed unused if the run fails.
@@ -752,12 +752,11 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
         log_text = (run_dir / "run.log").read_text(errors="replace")
 
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
-        after = guard.snapshot(repo, exclude=[run_dir, pending_path])
-        tampered = guard.changes(before, after)
+        tampered = watch.changes()
         refusal = crash = None
         evaluation = {}
         if tampered:
-            lost = guard.restore(repo, before, after)
+            lost = watch.restore()
             refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
                        (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
         elif compile_base is not None and base_before is not None and compiled.state(compile_base) != base_before:
