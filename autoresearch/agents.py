@@ -23,15 +23,26 @@ PRESETS = {
     "aider": ["aider", "--yes-always", "--no-auto-commits", "--no-gitignore", "--message", "{prompt}", "train.py"],
 }
 
-LOOP_NOTE = """
-## You are driven by `autoresearch loop`
+TURN = """
+## Your turn
 
-The loop runs the experiments for you. In this turn make exactly ONE change to `train.py` for the next
-experiment, then stop. Do not run `train.py`, `autoresearch`, or any git command; do not edit any other file
-(other edits are reverted and recorded against you). End your answer with one line:
+`autoresearch loop` runs the experiments and records them; you propose them, one per turn. In this turn make
+exactly ONE change to `train.py` for the next experiment, then stop: the loop runs it and asks you again with the
+result. Do not run `train.py`, `autoresearch`, or any git command, and do not edit any other file (other edits
+are reverted and recorded against you). End your answer with one line:
 
 DESCRIPTION: <a short description of the change>
 """
+
+
+def rules(program: str) -> str:
+    """The rules from program.md (its section that starts with "## The rules"), the part that is the same whoever
+    runs the experiments; the rest of program.md tells an agent how to drive the CLI, which the loop does."""
+    start = program.find("## The rules")
+    if start < 0:
+        return ""
+    end = program.find("\n## ", start + 1)
+    return program[start:end if end > 0 else None].strip()
 
 
 class AgentError(RuntimeError):
@@ -52,7 +63,10 @@ def command_for(spec: str) -> list[str]:
 def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] = ()) -> str:
     from autoresearch import report
     rows = ledger.read(repo / "results.tsv", tag)
-    lines = [(repo / "program.md").read_text() if (repo / "program.md").exists() else "", LOOP_NOTE,
+    program = (repo / "program.md").read_text() if (repo / "program.md").exists() else ""
+    lines = ["# autoresearch: you are the research agent, driven by `autoresearch loop`\n\nYour job: the lowest "
+             "val_bpb a model trained by `train.py` reaches in a fixed time budget. `prepare.py` is the fixed half "
+             "(data, metric, `finish`), `train.py` is yours; read both.", rules(program), TURN,
              "## Results so far (results.tsv, newest last; mean: the configuration's mean over its runs so far)",
              "commit\tval_bpb\tmean\tmemory_gb\tstatus\tdescription"]
     lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{'' if r.mean is None else f'{r.mean:.6f}'}\t{r.memory_gb:.1f}\t"

@@ -3,18 +3,28 @@
   autoresearch prepare [...]            prepare data and tokenizer (same as `python prepare.py`)
   autoresearch setup --tag TAG          start an experiment branch autoresearch/TAG and results.tsv
   autoresearch run -m "what it tries"   one experiment: commit train.py, train, record, keep or discard
+                                        (--detach: in the background, for agents; then `autoresearch wait`)
+  autoresearch wait                     until the run in the background ends (at most --timeout s)
   autoresearch status                   best result, counts and the last rows of this tag
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
   autoresearch loop --workers N         N experiments side by side on Ray workers (--ray-address: a cluster)
+  autoresearch stop                     the loop stops after the experiment in flight (the dashboard's button)
+  autoresearch best                     the champion: mean +- sem, test_bpb, its diff, its exported model
+  autoresearch sample                   text written by the champion's exported model
+  autoresearch clean                    what can be deleted and how much (--yes deletes it)
   autoresearch report                   progress.png and a text summary (--html FILE, --json)
   autoresearch dashboard                a live page in the browser: progress, the run in flight, every diff
-"""
 
+exit status: 0 ok; 1 an experiment was refused or failed (or a loop stopped on an error); 2 a usage or
+environment error (nothing ran; the message names the fix); 3 `wait`: still running; 130 interrupted.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+OK, FAILED, USAGE = 0, 1, 2
 
 
 SANDBOX_HELP = ("run every training under bubblewrap: auto (where it works, default), on (required), off (no "
@@ -26,6 +36,8 @@ DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats
 
 def _status(repo: Path) -> str:
     """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
+    import json
+
     from autoresearch import git, ledger, lock, run
 
     config = run.load_tag(repo)
@@ -49,6 +61,12 @@ def _status(repo: Path) -> str:
             lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
                          "next `autoresearch run` or `loop` records it and puts the branch back")
     alive = lock.is_held(run.state_dir(repo))
+    waiting = run.state_dir(repo) / run.WAITING_FILE
+    if alive and waiting.exists():
+        try:
+            lines.append(json.loads(waiting.read_text())["text"])
+        except (OSError, ValueError, KeyError):
+            pass
     for job in dashboard.in_flight(repo):  # a parallel loop's runs (pending.json is shown above)
         if job.get("worker"):
             lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
@@ -60,8 +78,10 @@ def _status(repo: Path) -> str:
 
 
 def main(argv=None) -> int:
+    from autoresearch import __version__
     parser = argparse.ArgumentParser(prog="autoresearch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"autoresearch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="prepare data and tokenizer", add_help=False)
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
@@ -78,6 +98,21 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, help="seconds before the run is killed (default: the tag's; never more)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help="default: the tag's (set at setup); a run "
                    "that asks for less protection than its tag is refused")
+    p.add_argument("--detach", action="store_true", help="start it in the background and return (for agents whose "
+                   "shell tool times out); `autoresearch wait` returns when it ends")
+    p = sub.add_parser("wait", help="wait until the experiment in the background (or a loop) ends")
+    p.add_argument("--timeout", type=float, default=240, help="seconds to wait at most (default 240, under agents' "
+                   "shell timeouts); exit status 3 if it is still running then")
+    sub.add_parser("stop", help="the loop stops after the experiment in flight (the dashboard's stop button)")
+    sub.add_parser("best", help="the champion: mean +- sem, test_bpb, its diff against the base, its exported model")
+    p = sub.add_parser("sample", help="text written by the champion's exported model")
+    p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: always the likeliest token (default 0.8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run", dest="run_id", help="a kept run's id (default: the champion's newest kept run)")
+    p = sub.add_parser("clean", help="what can be deleted, and how much; nothing is deleted without --yes")
+    p.add_argument("--yes", action="store_true", help="delete it (records, logs and champion models always stay)")
     p = sub.add_parser("status", help="best result and recent experiments")
     p.add_argument("--json", action="store_true", help="the same facts as JSON, for agents and scripts")
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
@@ -105,50 +140,106 @@ def main(argv=None) -> int:
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")
 
     args, rest = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "prepare":
         import prepare
         return prepare.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from autoresearch import agents, git, ledger, lock, run
+    from autoresearch import agents, git, ledger, load, lock, run
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
-        if args.command == "report":
-            from autoresearch import report
-            print(report.main(args))
-            return 0
-        repo = run.repo_root()
-        if args.command == "dashboard":
-            from autoresearch import dashboard
-            server = dashboard.serve(repo, args.host, args.port)
-            try:
-                server.serve_forever()
-            except KeyboardInterrupt:
-                pass
-            finally:
-                server.server_close()
-            return 0
-        if args.command in ("setup", "run", "loop"):
-            with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
-                return _change_state(repo, args)
-        elif args.command == "status" and args.json:
-            import json
-
-            from autoresearch import dashboard
-            config = run.load_tag(repo)
-            print(json.dumps(dashboard.facts(repo / "results.tsv", repo, config["tag"]), indent=1))
-        elif args.command == "status":
-            print(_status(repo))
-    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
-            lock.LockHeld, DashboardError) as e:
+        check_environment()
+        return _command(args)
+    except (run.Refused, run.MachineBusy) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return FAILED
+    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
+            lock.LockHeld, DashboardError, load.Settings) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+
+
+def check_environment() -> None:
+    """Every AUTORESEARCH_* setting, checked before any command does anything: a malformed one is a usage error
+    naming the variable, not a failure at the next run."""
+    from autoresearch import load, run
+    run.current_budget()
+    run.current_clock()
+    run.compile_cache_mode()
+    load.check_settings()
+
+
+def _command(args) -> int:
+    from autoresearch import lock, run
+    if args.command == "report":
+        from autoresearch import report
+        print(report.main(args))
+        return OK
+    repo = run.repo_root()
+    if args.command == "dashboard":
+        from autoresearch import dashboard
+        server = dashboard.serve(repo, args.host, args.port)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+        return OK
+    if args.command == "run" and args.detach:
+        from autoresearch import background
+        code, text = background.detach(repo, [a for a in args.argv if a != "--detach"])
+        print(text, file=sys.stdout if code == OK else sys.stderr)
+        return code
+    if args.command in ("setup", "run", "loop"):
+        with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
+            return _change_state(repo, args)
+    if args.command == "wait":
+        from autoresearch import background
+        code, text = background.wait(repo, args.timeout)
+        print(text)
+        return code
+    if args.command == "stop":
+        from autoresearch import dashboard
+        if not lock.is_held(run.state_dir(repo)):
+            print("no loop is running here; nothing to stop")
+            return OK
+        dashboard.stop_path(repo).parent.mkdir(parents=True, exist_ok=True)
+        dashboard.stop_path(repo).touch()
+        print(f"asked {lock.holder(run.state_dir(repo) / lock.LOCK_NAME)} to stop after the experiment in flight "
+              "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
+        return OK
+    if args.command == "best":
+        from autoresearch import champion
+        print(champion.best(repo))
+        return OK
+    if args.command == "sample":
+        from autoresearch import champion
+        print(champion.sample(repo, args.prompt, args.tokens, args.temperature, args.seed, args.run_id))
+        return OK
+    if args.command == "clean":
+        from autoresearch import clean
+        items = clean.plan(repo)
+        if args.yes and items:
+            with lock.RepoLock(run.state_dir(repo), "autoresearch clean"):  # never under a running loop
+                clean.delete(items)
+        print(clean.text(items, deleted=args.yes))
+        return OK
+    if args.command == "status" and args.json:
+        import json
+
+        from autoresearch import dashboard
+        config = run.load_tag(repo)
+        print(json.dumps(dashboard.facts(repo / "results.tsv", repo, config["tag"]), indent=1))
+    elif args.command == "status":
+        print(_status(repo))
+    return OK
 
 
 def _change_state(repo: Path, args) -> int:
@@ -161,11 +252,11 @@ def _change_state(repo: Path, args) -> int:
               f"{config['protection']}, decision {config['decision']}, {config['allowance_s']:g} s allowed outside "
               f"the budget")
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
-        return 0
+        return OK
     if args.command == "run":
         outcomes = run.experiment(repo, args.message, rule=args.decision, seed=args.seed, timeout=args.timeout,
                                   sandbox_mode=args.sandbox, on_outcome=lambda o: print(run.summary(o), flush=True))
-        return {"crash": 1, "refused": 2}.get(outcomes[-1].row.status, 0)
+        return FAILED if outcomes[-1].row.status in ("crash", "refused") else OK
     from autoresearch import loop
     return loop.main(repo, args)
 

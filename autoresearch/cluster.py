@@ -99,7 +99,7 @@ def reachable(address: str, timeout: float = 10.0) -> None:
             pass
     except (OSError, ValueError) as e:
         raise run.HarnessError(f"no Ray cluster answers at {address} ({e}). Start one with `ray start --head` "
-                               "(README: Many experiments at once) and give the address it prints, or drop "
+                               "(docs/parallel.md) and give the address it prints, or drop "
                                "--ray-address/RAY_ADDRESS for a local runtime.") from None
 
 
@@ -120,7 +120,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
                 f"cannot join the Ray cluster at {address} ({str(e).splitlines()[0]}). A head started by `ray start "
                 "--head` requires its token (Ray 2.59 and later): set RAY_AUTH_MODE=token here and give this machine "
                 "the head's token (`ray get-auth-token` on the head prints it; put it in ~/.ray/auth_token or "
-                "RAY_AUTH_TOKEN). README: Many experiments at once.") from None
+                "RAY_AUTH_TOKEN). docs/parallel.md.") from None
         resources = ray.cluster_resources()
         gpu = resources.get("GPU", 0) >= 1
         fit = int(resources.get("GPU", 0)) if gpu else int(resources.get("CPU", 0) // threads)

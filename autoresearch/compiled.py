@@ -33,7 +33,7 @@ from pathlib import Path
 from autoresearch import sandbox
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
-                      # It bounds what a phase can compute without data and leave for later runs (README)
+                      # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
 KEEP_BASES = 3        # bases kept per data cache (~160 MB each on the cpu profile); older ones are deleted
 
 

@@ -189,7 +189,7 @@ GAP_MIN = 0.02     # and more than this, says it fits the validation split bette
 
 def test_gap_flag(rows, val_bpb: float, test_bpb: float | None, noise: Noise | None) -> str:
     """A flag when a model's test_bpb is worse than its val_bpb by more than the baseline's gap plus the noise
-    allows: the sign of a model tuned to, or trained on, the validation text (README: Integrity)."""
+    allows: the sign of a model tuned to, or trained on, the validation text (docs/integrity.md)."""
     base = [r.test_bpb - r.val_bpb for r in rows
             if r.decision.startswith(("baseline", "naive: first run")) and r.test_bpb is not None and r.val_bpb > 0]
     if test_bpb is None or not base:  # no baseline gap to compare with (this is the baseline)

@@ -412,7 +412,7 @@ class CausalProbes:
     real tokens, in the probe it cannot (they are gone), so honest-when-checked and cheating-when-scored
     disagree exactly where a probe lands. A model that reads the future at a fraction f of the positions is
     caught by one probe with probability at least f, and by CAUSAL_PROBES independent probes with
-    1 - (1 - f) ** CAUSAL_PROBES: 0.99 at f = 1% (README: Integrity). The scoring pass keeps, for each probed
+    1 - (1 - f) ** CAUSAL_PROBES: 0.99 at f = 1% (docs/integrity.md). The scoring pass keeps, for each probed
     row, a random projection of its logits (PROJECTIONS numbers per position, float64), so the comparison covers
     every earlier position and every vocabulary entry at the cost of a few bytes."""
 

@@ -9,7 +9,7 @@ the user legitimately write meanwhile:
 Other ignored paths (a .venv, build/, progress.png, run.log, the stop file, other runs' directories) are not read:
 under bubblewrap the training cannot reach them at all (sandbox.py mounts nothing of the repository but train.py
 and prepare.py, read-only); without it they are outside what this guard checks, as a venv elsewhere on the disk
-would be (README: Integrity). Which paths are ignored is read before the run; a file that appears during it (a
+would be (docs/integrity.md). Which paths are ignored is read before the run; a file that appears during it (a
 report's progress.png) is left alone only when a rule that was there before, unchanged, ignores it, so a run
 cannot hide what it writes behind a rule of its own.
 

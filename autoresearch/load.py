@@ -2,8 +2,10 @@
 
 On 2 cores a second torch process cuts a run's throughput to a third (BENCHMARKS.md), and under a wall-clock
 budget that is a worse val_bpb for a reason that has nothing to do with train.py. So:
-- before a run on the wall clock, wait_until_quiet() waits (up to AUTORESEARCH_LOAD_WAIT seconds, default 600)
-  while other processes keep more than LOAD_LIMIT cores busy, and then refuses with the culprits' names;
+- before a run on the wall clock, wait_until_quiet() waits while other processes keep more than limit() cores
+  busy (a tenth of the machine, at least half a core), saying so at once and every minute with the culprits'
+  names. A busy machine delays a night, it does not end it: the wait has no end unless AUTORESEARCH_LOAD_WAIT
+  gives one (then `autoresearch run` gives up with the culprits' names, and the loop waits again);
 - during every run, Meter measures the cores other processes kept busy (steal time of a VM included), which the
   ledger records as `load`;
 - on the cpu clock (AUTORESEARCH_BUDGET_CLOCK=cpu) the run only counts the compute it received, so it does not
@@ -17,9 +19,12 @@ import time
 
 import psutil
 
-LOAD_LIMIT = 0.5       # cores kept busy by other processes above which a wall-clock run waits
-DEFAULT_WAIT = 600.0   # seconds to wait for a quiet machine before refusing
+# Cores other processes may keep busy before a wall-clock run waits: a tenth of the machine, at least half a
+# core (on 2 cores a second torch process cuts a run's throughput to a third; desktop daemons on a 64-core box
+# keep a few cores busy without touching a run that uses 8). AUTORESEARCH_LOAD_LIMIT sets it in cores.
+LOAD_SHARE, LOAD_MIN = 0.1, 0.5
 SAMPLE = 0.5           # seconds of one load sample
+TELL_EVERY = 60.0      # seconds between two "waiting for a quiet machine" lines
 
 
 class Busy(RuntimeError):
@@ -106,33 +111,67 @@ def clock_env(clock: str, threads: int) -> dict:
     return env
 
 
-def max_wait() -> float:
-    raw = os.environ.get("AUTORESEARCH_LOAD_WAIT", "").strip()
+class Settings(ValueError):
+    """A load setting that is not a number: the message names the variable."""
+
+
+def _seconds_env(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_WAIT
+        return None
     try:
-        return max(0.0, float(raw))
+        value = float(raw)
     except ValueError:
-        raise Busy(f"AUTORESEARCH_LOAD_WAIT={raw!r} is not a number of seconds.") from None
+        value = float("nan")
+    if not value >= 0:
+        raise Settings(f"{name}={raw!r} is not a number (unset it for the default).")
+    return value
 
 
-def wait_until_quiet(log=print, limit: float = LOAD_LIMIT) -> float:
-    """Wait while other processes keep more than `limit` cores busy; the load found last. Raises Busy after
-    AUTORESEARCH_LOAD_WAIT seconds of a busy machine."""
-    deadline = time.monotonic() + max_wait()
+def max_wait() -> float:
+    """Seconds `autoresearch run` waits for a quiet machine before giving up: none, unless AUTORESEARCH_LOAD_WAIT."""
+    value = _seconds_env("AUTORESEARCH_LOAD_WAIT")
+    return float("inf") if value is None else value
+
+
+def limit(cores: int | None = None) -> float:
+    """Cores other processes may keep busy before a wall-clock run waits (LOAD_SHARE of the machine)."""
+    value = _seconds_env("AUTORESEARCH_LOAD_LIMIT")
+    if value is not None:
+        return value
+    return max(LOAD_MIN, LOAD_SHARE * (cores or psutil.cpu_count() or 1))
+
+
+def check_settings() -> None:
+    """Raise Settings for a malformed load variable, before anything runs."""
+    max_wait()
+    limit()
+
+
+def wait_until_quiet(log=print, on_wait=None) -> float:
+    """Wait while other processes keep more than limit() cores busy, saying so at once and every TELL_EVERY
+    seconds (on_wait(text) too, for `autoresearch status`); the load found last. Raises Busy after
+    AUTORESEARCH_LOAD_WAIT seconds of a busy machine (no end without it)."""
+    most, wait = limit(), max_wait()
+    start = time.monotonic()
     load = others_now()
-    told = 0.0
-    while load > limit:
-        if time.monotonic() >= deadline:
+    told = -TELL_EVERY
+    while load > most:
+        waited = time.monotonic() - start
+        if waited >= wait:
             culprits = heaviest()
             raise Busy(f"other processes keep {load:.1f} cores busy ({', '.join(culprits) or 'not one process'}), "
-                       "and a run on the wall clock would measure them, not train.py. Stop them, or start a tag "
-                       "on the cpu clock (AUTORESEARCH_BUDGET_CLOCK=cpu, see README: Noise), or set "
-                       "AUTORESEARCH_LOAD_WAIT to wait longer.")
-        if time.monotonic() - told > 60:
-            log(f"waiting for a quiet machine: other processes keep {load:.1f} cores busy "
-                f"({', '.join(heaviest()) or 'several processes'})")
-            told = time.monotonic()
+                       f"more than {most:g}, and a run on the wall clock would measure them, not train.py. Stop them, "
+                       "or start a tag on the cpu clock (AUTORESEARCH_BUDGET_CLOCK=cpu, BENCHMARKS.md: Noise), "
+                       "or unset AUTORESEARCH_LOAD_WAIT to wait as long as it takes.")
+        if waited - told >= TELL_EVERY:
+            text = (f"waiting for a quiet machine ({waited / 60:.0f} min so far): other processes keep {load:.1f} "
+                    f"cores busy, more than {most:g} ({', '.join(heaviest()) or 'several processes'}); the run "
+                    "starts when they stop")
+            log(text)
+            if on_wait:
+                on_wait(text)
+            told = waited
         time.sleep(2)
         load = others_now()
     return load

@@ -53,13 +53,17 @@ class RepoLock:
             self.fd = None
 
 
-def describe_holder(path: Path) -> str:
+def holder(path: Path) -> str:
+    """Who holds the lock at path, as its lock file names it."""
     try:
-        holder = json.loads(path.read_text())
-        who = f"`{holder['command']}` (pid {holder['pid']}, since {holder['since']})"
+        data = json.loads(path.read_text())
+        return f"`{data['command']}` (pid {data['pid']}, since {data['since']})"
     except (OSError, ValueError, KeyError, TypeError):
-        who = "another autoresearch command"
-    return (f"{who} is running in this repository, and only one command that changes state may run at a "
+        return "another autoresearch command"
+
+
+def describe_holder(path: Path) -> str:
+    return (f"{holder(path)} is running in this repository, and only one command that changes state may run at a "
             "time. Wait for it to finish, or stop it (Ctrl-C in its terminal, or `kill PID`: the experiment in "
             "flight is then recorded by the next command). `autoresearch status` is safe to run alongside.")
 

@@ -168,12 +168,17 @@ def main(repo: Path, args, log=print) -> int:
             progress.close()
             log(line(len(ledger.read(repo / "results.tsv", config["tag"])), outcome.row))
             if outcome.row.status == "crash":
-                log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:]))
+                log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))
             progress.restart()
 
         try:
-            outcomes = run.experiment(repo, description, rule=args.decision, on_outcome=report,
-                                      on_progress=progress, log=log, sandbox_mode=args.sandbox)
+            while True:
+                try:
+                    outcomes = run.experiment(repo, description, rule=args.decision, on_outcome=report,
+                                              on_progress=progress, log=log, sandbox_mode=args.sandbox)
+                    break
+                except run.MachineBusy as e:  # AUTORESEARCH_LOAD_WAIT ran out: a busy machine delays the night
+                    log(f"still busy ({e}); waiting again")
         except KeyboardInterrupt:
             progress.close()
             run.recover(repo, log, reason="interrupted by Ctrl-C")

@@ -233,6 +233,9 @@ def main(args) -> str:
             branch = git.branch(repo)
             tag = branch[len(run.BRANCH_PREFIX):] if branch.startswith(run.BRANCH_PREFIX) else None
     repo = path.parent if (path.parent / ".git").exists() else None
+    rows = ledger.read(path, tag, old_ok=True)  # --json and --html fail where the plot would: same facts, same errors
+    if not rows:
+        raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
         from autoresearch import dashboard
         data = dashboard.facts(path, repo, tag)
@@ -240,9 +243,6 @@ def main(args) -> str:
             return json.dumps(data, indent=1)
         Path(args.html).write_text(dashboard.page(dashboard.attach_details(data, repo)), encoding="utf-8")
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
-    rows = ledger.read(path, tag, old_ok=True)
-    if not rows:
-        raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + ".")
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
     tests = test_scores(decide.finished(rows), path.parent / run.STATE_DIR / "runs")

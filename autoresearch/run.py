@@ -47,11 +47,20 @@ ALLOWANCE_SHARE = 0.1
 # times that is data (embedded text to train on), not code.
 MAX_TRAIN_BYTES = 100_000
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
+WAITING_FILE = "waiting.json"  # under STATE_DIR while a run waits for a quiet machine (`autoresearch status`)
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
 
 class HarnessError(RuntimeError):
     """A problem the user can fix; the message says how."""
+
+
+class Refused(HarnessError):
+    """A run refused before it trained, and recorded as such."""
+
+
+class MachineBusy(HarnessError):
+    """Other processes kept the machine busy for longer than AUTORESEARCH_LOAD_WAIT: nothing ran."""
 
 
 @dataclass
@@ -611,7 +620,7 @@ def outside_allowance(profile: str, budget: float) -> float:
     """Seconds a run may take beyond its budget until its process ends: startup (imports, data, model), the last
     step's overshoot, the export and check in prepare.finish. A fixed part and a share of the budget (a fixed
     30 s would be 300% of a 10 s budget); AUTORESEARCH_OUTSIDE_ALLOWANCE at setup overrides it. Recorded in
-    the tag. See README: Integrity."""
+    the tag. See docs/integrity.md."""
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
     if raw:
         value = _float_or_none(raw)
@@ -779,6 +788,11 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 crash = f"timeout after {timeout:.0f} s, killed"
             elif "FAST_FAIL" in log_text:
                 crash = "FAST_FAIL (loss NaN, infinite or exploding)"
+            elif protection == "bwrap" and log_text.startswith("bwrap:"):  # the sandbox itself failed to start
+                crash = (f"the sandbox could not start the training ({log_text.splitlines()[0][:300]}): a path it "
+                         f"needs is not mounted in it. The sandbox mounts /usr, /etc, the interpreter's prefixes "
+                         f"({', '.join(map(str, sandbox.python_dirs()))}) and PYTHONPATH; put what is missing there, "
+                         "or set up a tag with --sandbox off (no enforcement)")
             elif training.code != 0:
                 crash = f"exit status {training.code}"
             elif result is None:
@@ -922,7 +936,7 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     def refuse(reason: str) -> NoReturn:
         ledger.append(results, _row(config, git.head(repo), f"{description} [refused: {reason}]", run_id,
                                     "refused", seed=seed, protection=protection, **where))
-        raise HarnessError(f"Refused: {reason}")
+        raise Refused(f"Refused: {reason}")
 
     pins = pin_problems(config, protection, rule, timeout)
     if pins:
@@ -943,10 +957,13 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     fixed = fixed_half(repo, config)
     base = compile_base(repo, config, rows, fixed, protection, log)
     if config["clock"] == "wall":  # a competing process would be measured, not train.py (load.py)
+        waiting = state_dir(repo) / WAITING_FILE
         try:
-            load.wait_until_quiet(log)
+            load.wait_until_quiet(log, on_wait=lambda text: _atomic_json(waiting, {"since": _now(), "text": text}))
         except load.Busy as e:
-            raise HarnessError(str(e)) from None
+            raise MachineBusy(str(e)) from None
+        finally:
+            waiting.unlink(missing_ok=True)
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
     pending_path = state_dir(repo) / "pending.json"
@@ -1053,6 +1070,12 @@ def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
+def crash_hint(commit: str) -> str:
+    """What to do after a crash: train.py is back at the champion, the crashed one is in git."""
+    return (f"train.py is back at the last kept commit; the train.py that crashed is commit {commit}. To fix it "
+            f"rather than start over: `git show {commit}:train.py > train.py`, edit, and run again")
+
+
 def summary(outcome: Outcome) -> str:
     row, result = outcome.row, outcome.result
     if row.status == "refused":
@@ -1060,7 +1083,7 @@ def summary(outcome: Outcome) -> str:
                 f"program.md")
     if row.status == "crash":
         return (f"crash: {row.description}\n--- last 50 lines of the log ({outcome.run_dir / 'run.log'}) ---\n"
-                f"{outcome.log_tail}\n--- the branch is back on the last kept commit; fix train.py and run again")
+                f"{outcome.log_tail}\n--- {crash_hint(row.commit)}")
     config = f"mean {row.mean:.6f}" + (f" +- {row.sem:.6f}" if row.sem is not None else "") + f" over {row.n} run(s)"
     p = "" if row.p_better is None else f" | P(better) {row.p_better:.3f}"
     after = {"keep": "the branch holds it", "confirm": "it runs again, with another seed",

@@ -100,16 +100,18 @@ def protection(mode: str) -> str:
     if mode == "on":
         raise SandboxError("--sandbox on needs bubblewrap, and `bwrap` is missing or cannot create namespaces here. "
                            "Install it (`apt-get install bubblewrap` on Debian/Ubuntu), or set the tag up with "
-                           "`--sandbox off` (no enforcement; see README: Integrity).")
+                           "`--sandbox off` (no enforcement; see docs/integrity.md).")
     return "none"
 
 
 def python_dirs() -> list[Path]:
-    """The Python installation this harness runs on: its prefixes and the directories on its path that hold
-    packages (site-packages, a venv's), wherever they live (a venv in the repository, pyenv under $HOME or /tmp).
+    """The Python installation this harness runs on: its prefixes, the directories on its path that hold
+    packages (site-packages, a venv's) and PYTHONPATH's entries, wherever they live (a venv in the repository,
+    pyenv under $HOME or /tmp).
     A path entry that is the repository itself (an editable install) is not among them: the training needs the
     installed packages, not the harness's source."""
-    dirs = []
+    dirs = [Path(p).resolve() for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).is_dir() and not (Path(p).resolve() / "prepare.py").exists()]  # not a repository
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path):
         if not p:
             continue

@@ -88,7 +88,7 @@ class Context:
 @dataclass
 class Attack:
     name: str
-    what: str                            # the attack in one line (README: Integrity)
+    what: str                            # the attack in one line (docs/integrity.md)
     source: Callable[[Context], str]     # the train.py it runs
     status: str | tuple                  # the status it must be recorded with (or one of these)
     reason: str                          # a part of the row's description that says why ("" for none)

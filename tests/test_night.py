@@ -3,12 +3,13 @@ stop button, a second terminal, a venv in the clone, another process on the mach
 timeout) never costs them a run, and the morning's commands tell them what they got."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import cli, sh
+from conftest import ROOT, cli, sh
 
 from autoresearch import guard, ledger, load
 
@@ -137,3 +138,156 @@ def _venv(repo):
     venv.mkdir(parents=True)
     (venv / "site.py").write_text("# a package\n")
     return repo / ".venv"
+
+
+# --- the sandbox wherever the interpreter lives -------------------------------------------------------------
+
+
+def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip):
+    """The sandbox's /tmp is private: a venv there (and PYTHONPATH entries) must be mounted into it."""
+    bwrap_or_skip()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    assert cli(repo, "setup", "--tag", "v", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0
+    out = subprocess.run([python, "-m", "autoresearch.cli", "run", "-m", "from a venv in /tmp"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [row] = ledger.read(repo / "results.tsv")
+    assert row.status == "keep" and row.protection == "bwrap"
+
+
+# --- a busy machine delays the night, it does not end it ----------------------------------------------------
+
+
+def test_the_wait_threshold_scales_with_the_cores(monkeypatch):
+    monkeypatch.delenv("AUTORESEARCH_LOAD_LIMIT", raising=False)
+    assert load.limit(2) == 0.5 and load.limit(8) == pytest.approx(0.8) and load.limit(64) == pytest.approx(6.4)
+    monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "3")
+    assert load.limit(2) == 3.0
+    monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "lots")
+    with pytest.raises(load.Settings, match="AUTORESEARCH_LOAD_LIMIT='lots' is not a number"):
+        load.limit(2)
+
+
+def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
+    """A process keeps a core busy: the loop says so (and `status` too), waits, and runs once it is gone. With
+    AUTORESEARCH_LOAD_WAIT=1 each wait gives up after a second, and the loop waits again instead of ending."""
+    busy = dict(env, AUTORESEARCH_LOAD_LIMIT="0.5", AUTORESEARCH_LOAD_WAIT="1", PYTHONUNBUFFERED="1")
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "b", "--decision", "naive",
+                             "--max-experiments", "1"], cwd=repo, env=busy, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if sum("still busy" in s for s in seen) >= 2:
+                break
+        assert proc.poll() is None, "".join(seen)  # still there, waiting
+        for _ in range(20):  # `status` says so too (between two waits it may not: try a few times)
+            status = cli(repo, "status", env=busy)
+            if "waiting for a quiet machine" in status.stdout:
+                break
+        assert "waiting for a quiet machine" in status.stdout and f"pid {hog.pid}" in status.stdout, status.stdout
+    finally:
+        hog.kill()
+        hog.wait()
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(seen) + rest
+    assert proc.returncode == 0, out
+    assert "waiting for a quiet machine" in out and f"pid {hog.pid}" in out
+    [row] = ledger.read(repo / "results.tsv")
+    assert row.status == "keep"
+
+
+# --- the morning: exit codes, best, sample, clean, stop, and an agent's detached run ------------------------
+
+
+def test_every_command_checks_its_environment_and_exit_codes_say_what_happened(repo, env):
+    out = cli(repo, "--version", env=env)
+    assert out.returncode == 0 and out.stdout.startswith("autoresearch 0.")
+    assert cli(repo, "setup", "--tag", "e", env=env).returncode == 0
+    for command in (["status"], ["status", "--json"], ["report"], ["best"], ["clean"], ["wait"]):
+        out = cli(repo, *command, env=dict(env, AUTORESEARCH_TIME_BUDGET="abc"))
+        assert out.returncode == 2 and "AUTORESEARCH_TIME_BUDGET" in out.stderr, (command, out.stderr)
+        assert "Traceback" not in out.stderr
+    out = cli(repo, "status", env=dict(env, AUTORESEARCH_LOAD_WAIT="soon"))
+    assert out.returncode == 2 and "AUTORESEARCH_LOAD_WAIT='soon' is not a number" in out.stderr
+    plain, as_json = cli(repo, "report", env=env), cli(repo, "report", "--json", env=env)
+    assert plain.returncode == as_json.returncode == 2 and "no experiments for tag e yet" in as_json.stderr
+    out = cli(repo, "best", env=env)
+    assert out.returncode == 2 and "no kept run yet" in out.stderr
+    out = cli(repo, "stop", env=env)
+    assert out.returncode == 0 and "no loop is running" in out.stdout
+    assert not (repo / ".autoresearch" / "stop").exists()  # a later loop would not be stopped by it anyway
+    out = cli(repo, "wait", env=env)
+    assert out.returncode == 0 and "nothing is running" in out.stdout
+    (repo / "notes.txt").write_text("x")  # a refusal is a refused experiment (1), not a usage error (2)
+    out = cli(repo, "run", "-m", "x", env=env)
+    assert out.returncode == 1 and "only train.py may be edited" in out.stderr
+
+
+def test_a_crash_names_its_commit_and_the_command_that_brings_it_back(repo, env):
+    assert cli(repo, "setup", "--tag", "c", "--decision", "naive", env=env).returncode == 0
+    broken = (repo / "train.py").read_text().replace("\nimport torch\n", "\nimport torch\nraise SystemExit('typo here')\n", 1)
+    (repo / "train.py").write_text(broken)
+    out = cli(repo, "run", "-m", "a typo", env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [row] = ledger.read(repo / "results.tsv")
+    assert row.status == "crash" and f"the train.py that crashed is commit {row.commit}" in out.stdout
+    command = f"git show {row.commit}:train.py > train.py"
+    assert command in out.stdout and "typo here" not in (repo / "train.py").read_text()
+    subprocess.run(command, shell=True, cwd=repo, check=True)
+    assert (repo / "train.py").read_text() == broken
+
+
+def test_an_agent_detaches_a_run_waits_for_it_and_the_morning_commands_show_the_result(repo, env):
+    """The stat baseline (three runs) in the background; `wait` in steps; then `best`, `sample` and `clean`."""
+    assert cli(repo, "setup", "--tag", "d", env=env).returncode == 0
+    t0 = time.time()
+    out = cli(repo, "run", "-m", "baseline", "--detach", env=env)
+    assert out.returncode == 0 and "started in the background" in out.stdout, out.stdout + out.stderr
+    assert time.time() - t0 < 60  # it returned, it did not run the experiment
+    out = cli(repo, "wait", "--timeout", "1", env=env)
+    assert out.returncode == 3 and "still running: `autoresearch run`" in out.stdout
+    out = cli(repo, "wait", "--timeout", "600", env=env, timeout=700)
+    assert out.returncode == 0, out.stdout
+    assert out.stdout.count("keep: val_bpb=") == 3  # the three runs' summaries
+    rows = ledger.read(repo / "results.tsv")
+    assert [r.status for r in rows] == ["keep"] * 3
+
+    best = cli(repo, "best", env=env)
+    assert best.returncode == 0, best.stderr
+    assert "champion of tag d: val_bpb" in best.stdout and "over 3 run(s)" in best.stdout
+    assert f".autoresearch/runs/{rows[-1].run_id}/out/model.graph.json" in best.stdout
+    assert "no change yet" in best.stdout and "test_bpb" in best.stdout
+    one = cli(repo, "sample", "--tokens", "12", "--temperature", "0", "--prompt", "The cat", env=env)
+    two = cli(repo, "sample", "--tokens", "12", "--temperature", "0", "--prompt", "The cat", env=env)
+    assert one.returncode == 0 and one.stdout == two.stdout and one.stdout.startswith("The cat"), one.stderr
+    assert len(one.stdout.strip()) > len("The cat")
+
+    dry = cli(repo, "clean", env=env)
+    older = [r.run_id for r in rows[:2]]
+    assert dry.returncode == 0 and "would delete 4 item(s)" in dry.stdout, dry.stdout
+    assert all(run_id in dry.stdout for run_id in older) and rows[-1].run_id not in dry.stdout
+    assert all((repo / ".autoresearch/runs" / r / "out/model.safetensors").exists() for r in older)
+    out = cli(repo, "clean", "--yes", env=env)
+    assert out.returncode == 0 and "deleted 4 item(s)" in out.stdout
+    assert not any((repo / ".autoresearch/runs" / r / "out/model.safetensors").exists() for r in older)
+    assert all((repo / ".autoresearch/runs" / r.run_id / "run.log").exists() for r in rows)  # records stay
+    assert len(ledger.read(repo / "results.tsv")) == 3 and cli(repo, "best", env=env).stdout == best.stdout
+
+
+def test_the_loop_gives_its_agent_the_rules_and_one_instruction_not_the_cli_driver_s_manual(repo, env):
+    from autoresearch import agents
+    shutil.copy(ROOT / "program.md", repo / "program.md")
+    ledger.create(repo / "results.tsv")
+    prompt = agents.build_prompt(repo, "t")
+    assert "## The rules" in prompt and "prepare.finish(model, stats, EVAL_BATCH_SIZE)" in prompt
+    assert "exactly ONE change to `train.py`" in prompt and "then stop" in prompt
+    for contradiction in ("Never stop", "forever", "autoresearch run -m", "--detach"):
+        assert contradiction not in prompt, contradiction
+    program = (ROOT / "program.md").read_text()  # the agent that drives the CLI itself gets what it needs
+    assert "AUTORESEARCH_CACHE" in program and "--detach" in program and "autoresearch wait" in program
+    assert "~/.cache/autoresearch/manifest.json" not in program

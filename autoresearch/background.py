@@ -1,0 +1,76 @@
+"""`autoresearch run --detach` and `autoresearch wait`: an experiment for an agent whose shell tool times out.
+
+A run takes 5-21 minutes; coding agents' shell tools give up after 2-10. A killed `autoresearch run` is recorded as
+interrupted and its series must then be finished before the next edit runs, so an agent should not hold a run
+in its shell: `run --detach` starts it in its own session (a tool's timeout cannot kill it) and returns once it
+holds the repository's lock; `wait` returns when it ends, or after --timeout seconds (default WAIT_S, under
+every agent's limit) with exit status STILL_RUNNING, to be called again.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autoresearch import lock, run
+
+LOG_FILE = "detached.log"   # under STATE_DIR: the detached run's output
+RC_FILE = "detached.rc"     # under STATE_DIR: its exit status, written when it ends
+WAIT_S = 240.0
+STILL_RUNNING = 3           # `wait`'s exit status when the run is still going at its timeout
+START_S = 60.0              # seconds a detached run may take to take the lock (imports, recovery)
+
+
+def detach(repo: Path, argv: list[str]) -> tuple[int, str]:
+    """Start `autoresearch <argv>` in the background; (exit status, what to tell the user)."""
+    state = run.state_dir(repo)
+    state.mkdir(parents=True, exist_ok=True)
+    if lock.is_held(state):
+        raise lock.LockHeld(lock.describe_holder(state / lock.LOCK_NAME) + "; `autoresearch wait` returns when it "
+                            "ends")
+    log_path, rc_path = state / LOG_FILE, state / RC_FILE
+    rc_path.unlink(missing_ok=True)
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "autoresearch.cli", *argv])
+    script = f'{command}; echo $? > {shlex.quote(str(rc_path))}'
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(["sh", "-c", script], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and not lock.is_held(state) and proc.poll() is None:
+        time.sleep(0.2)
+    if proc.poll() is not None and not lock.is_held(state):  # it ended at once: an error, said now
+        return _status(rc_path), log_path.read_text(errors="replace").rstrip()
+    return 0, (f"started in the background (pid {proc.pid}); its output goes to {log_path}. "
+               f"`autoresearch wait` returns when it ends (or after {WAIT_S:.0f} s with exit status "
+               f"{STILL_RUNNING}: call it again); `autoresearch status` shows it meanwhile")
+
+
+def _status(rc_path: Path) -> int:
+    try:
+        return int(rc_path.read_text().strip())
+    except (OSError, ValueError):
+        return 1
+
+
+def wait(repo: Path, timeout: float = WAIT_S) -> tuple[int, str]:
+    """Wait until no command holds the repository (a detached run, a loop); (exit status, what to tell)."""
+    state = run.state_dir(repo)
+    deadline = time.monotonic() + timeout
+    while lock.is_held(state):
+        if time.monotonic() >= deadline:
+            return STILL_RUNNING, (f"still running: {lock.holder(state / lock.LOCK_NAME)}; call "
+                                   "`autoresearch wait` again (`autoresearch status` shows its progress)")
+        time.sleep(1.0)
+    log_path, rc_path = state / LOG_FILE, state / RC_FILE
+    if not log_path.exists():
+        return 0, "nothing is running"
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
+    if not rc_path.exists():
+        return 1, (tail + "\n--- the background run ended without an exit status (it was killed); the next "
+                   "`autoresearch run` records it as interrupted and puts the branch back")
+    return _status(rc_path), tail

@@ -1,0 +1,89 @@
+"""`autoresearch clean`: what a night left on the disk that can go, how much, and (with --yes) deleting it.
+
+Never deleted: the record (results.tsv, the tag files), every run's log and evaluation, and each tag's champion
+model (the newest kept run of its champion configuration). What can go is rebuilt when needed or was superseded:
+- exported models of kept runs that are no longer their tag's champion;
+- compile-cache bases (<cache>-compile) that are no tag's champion here (the next run of a tag whose champion's
+  base is gone fills it again: one compile phase);
+- the Ray working copies of this repository's tags (<cache>-workers), which a parallel loop clones again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoresearch import champion, compiled, decide, ledger, run, sandbox
+
+
+@dataclass
+class Item:
+    path: Path
+    size: int
+    why: str
+
+
+def _size(path: Path) -> int:
+    if path.is_file() or path.is_symlink():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def plan(repo: Path) -> list[Item]:
+    import prepare
+
+    from autoresearch import worker
+    rows = ledger.read(repo / "results.tsv", None, old_ok=True) if (repo / "results.tsv").exists() else []
+    tags = list(dict.fromkeys(r.tag for r in rows))
+    keep_models, keep_bases = set(), set()
+    for tag in tags:
+        mine = [r for r in rows if r.tag == tag]
+        champ = decide.champion(mine)
+        if champ is not None:
+            key = champ.config or champ.commit
+            keep_bases.add(key)
+            keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
+    items = []
+    for r in rows:
+        out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR
+        if r.status == "keep" and r.run_id not in keep_models:
+            for name in (prepare.GRAPH_FILE, prepare.TENSORS_FILE):
+                if (out / name).is_file():
+                    items.append(Item(out / name, _size(out / name), f"model of a kept run of tag {r.tag} that "
+                                                                     "is no longer its champion"))
+    cache = prepare.cache_dir()
+    bases = compiled.root(cache)
+    if bases.is_dir():
+        for base in sorted(p for p in bases.iterdir() if p.is_dir()):
+            if base.name not in keep_bases:
+                items.append(Item(base, _size(base), "compile-cache base of no tag's champion here (refilled by "
+                                                     "one compile phase if needed)"))
+    for tag in tags:
+        copies = worker.workers_dir(tag, repo)
+        if copies.is_dir():
+            items.append(Item(copies, _size(copies), f"Ray working copies of tag {tag} (cloned again by a "
+                                                       "parallel loop)"))
+    return items
+
+
+def delete(items: list[Item]) -> None:
+    for item in items:
+        if item.path.is_dir():
+            (item.path.parent / f"{item.path.name}.done").unlink(missing_ok=True)  # a compile base's record
+            shutil.rmtree(item.path, ignore_errors=True)
+        else:
+            item.path.unlink(missing_ok=True)
+
+
+def text(items: list[Item], deleted: bool) -> str:
+    if not items:
+        return "nothing to clean: every file left is a record, a champion's model or in use"
+    total = sum(i.size for i in items)
+    lines = [f"{'deleted' if deleted else 'would delete'} {len(items)} item(s), {total / 1e6:.1f} MB:"]
+    lines += [f"  {i.size / 1e6:8.1f} MB  {i.path}  ({i.why})" for i in items]
+    if not deleted:
+        lines.append("nothing was deleted; `autoresearch clean --yes` deletes these (records, logs and each tag's "
+                     "champion model are always kept)")
+    return "\n".join(lines)
+
