@@ -9,6 +9,7 @@ every agent's limit) with exit status STILL_RUNNING, to be called again.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -20,6 +21,7 @@ from autoresearch import lock, run
 
 LOG_FILE = "detached.log"   # under STATE_DIR: the detached run's output
 RC_FILE = "detached.rc"     # under STATE_DIR: its exit status, written when it ends
+PID_FILE = "detached.pid"   # under STATE_DIR: the identity (pid, start time) of the shell that writes RC_FILE
 WAIT_S = 240.0
 STILL_RUNNING = 3           # `wait`'s exit status when the run is still going at its timeout
 START_S = 60.0              # seconds a detached run may take to take the lock (imports, recovery)
@@ -40,6 +42,7 @@ def detach(repo: Path, argv: list[str]) -> tuple[int, str]:
         proc = subprocess.Popen(["sh", "-c", script], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    (state / PID_FILE).write_text(json.dumps(lock.identity(proc.pid)))
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and not lock.is_held(state) and proc.poll() is None:
         time.sleep(0.2)
@@ -69,6 +72,12 @@ def wait(repo: Path, timeout: float = WAIT_S) -> tuple[int, str]:
     log_path, rc_path = state / LOG_FILE, state / RC_FILE
     if not log_path.exists():
         return 0, "nothing is running"
+    try:  # the lock is free a moment before the shell around the run writes its exit status
+        shell = lock.same_process(json.loads((state / PID_FILE).read_text()))
+    except (OSError, ValueError):
+        shell = None
+    while shell is not None and not rc_path.exists() and shell.is_running() and time.monotonic() < deadline + 10:
+        time.sleep(0.1)
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
     if not rc_path.exists():
         return 1, (tail + "\n--- the background run ended without an exit status (it was killed); the next "

@@ -11,6 +11,12 @@ harness's evaluation.json. Uses the prepared data in AUTORESEARCH_CACHE (default
 Since the compile cache has a base per champion (autoresearch/compiled.py), a revision's first run also fills
 that base (the compile phase, outside the budget, once per champion): its `outside` is not a typical run's,
 which is why the table gives medians.
+A revision written REV+venv gets a `.venv` inside its clone, as the README's quick start makes one: this
+interpreter's site-packages, hard-linked (the same files and bytes a `pip install -e .` venv holds: ~2 GB, ~70,000
+files with torch), to measure what a venv in the clone costs the harness per experiment:
+
+    python benchmarks/overhead.py --rev HEAD --rev HEAD+venv --budget 30 --runs 3
+
 Run it alone: another torch process on the same cores makes every number meaningless.
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,10 +36,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def clone(rev: str, dest: Path) -> Path:
+def clone(spec: str, dest: Path) -> Path:
+    rev, venv = (spec[:-len("+venv")], True) if spec.endswith("+venv") else (spec, False)
     subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
     subprocess.run(["git", "-C", str(dest), "checkout", "-q", rev], check=True)
     subprocess.run(["git", "-C", str(dest), "checkout", "-q", "-b", "bench"], check=True)
+    if venv:
+        import sysconfig
+        site = Path(sysconfig.get_paths()["purelib"])
+        target = dest / ".venv" / "lib" / site.parent.name / "site-packages"
+        target.parent.mkdir(parents=True)
+        if subprocess.run(["cp", "-al", str(site), str(target)]).returncode != 0:  # another filesystem: copy
+            shutil.copytree(site, target, symlinks=True, dirs_exist_ok=True)
+        files = sum(len(f) for _, _, f in os.walk(dest / ".venv"))
+        print(f"{spec}: a .venv of {files:,} files in the clone", flush=True)
     return dest
 
 

@@ -113,4 +113,4 @@ def test_a_tag_on_the_cpu_clock_records_it_on_every_row(repo, env):
     log = next((repo / ".autoresearch" / "runs").glob("*/run.log")).read_text()
     assert "clock=cpu" in log and "threads=" in log
     out = cli(repo, "run", "-m", "on the wall clock", env=env)  # the other clock: refused, never compared
-    assert out.returncode == 2 and "this tag runs on the cpu clock" in out.stderr
+    assert out.returncode == 1 and "this tag runs on the cpu clock" in out.stderr

@@ -122,11 +122,11 @@ def test_tampered_prepare_is_refused_and_recorded(repo, env):
     with open(repo / "prepare.py", "a") as f:
         f.write("\n# better metric\n")
     out = cli(repo, "run", "-m", "sneaky", env=env)
-    assert out.returncode == 2 and "only train.py may be edited" in out.stderr
+    assert out.returncode == 1 and "only train.py may be edited" in out.stderr
     # committed tampering is caught by the fingerprint
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tamper")
     out = cli(repo, "run", "-m", "sneakier", env=env)
-    assert out.returncode == 2 and "fixed half" in out.stderr
+    assert out.returncode == 1 and "fixed half" in out.stderr
     assert [r.status for r in rows(repo)] == ["refused", "refused"]
 
 
@@ -280,7 +280,7 @@ def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
     config["hardware"]["name"] = "AMD EPYC 7B13 (another machine)"  # the tag resumed elsewhere
     path.write_text(json.dumps(config))
     out = cli(repo, "run", "-m", "elsewhere", env=env)
-    assert out.returncode == 2 and "would not be comparable" in out.stderr and "--tag NEWTAG" in out.stderr
+    assert out.returncode == 1 and "would not be comparable" in out.stderr and "--tag NEWTAG" in out.stderr
     [row] = rows(repo)
     assert row.status == "refused" and "AMD EPYC 7B13" in row.description
 

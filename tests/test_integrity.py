@@ -167,7 +167,7 @@ def test_editing_the_data_in_place_is_refused_and_blocks_later_runs(repo, env, o
     assert not data_intact(own_cache)
     (repo / "train.py").write_text(attack())
     later = cli(repo, "run", "-m", "honest", env=env)
-    assert later.returncode == 2 and "prepare.py --force" in later.stderr
+    assert later.returncode == 1 and "prepare.py --force" in later.stderr
     assert [r.status for r in rows(repo)] == ["refused", "refused"] and "does not match its checksum" in \
         rows(repo)[-1].description
 
@@ -206,7 +206,7 @@ def test_changing_the_harness_state_is_refused_and_undone(repo, env, what):
     state = _harness_state(repo)
     (repo / "train.py").write_text(attack(prelude="import pathlib\n" + TAMPERING[what]))
     out = cli(repo, "run", "-m", "tamper", env=env)
-    assert out.returncode == 2 and out.stdout.startswith("refused:"), out.stdout + out.stderr
+    assert out.returncode == 1 and "refused:" in out.stdout, out.stdout + out.stderr
     [row] = ledger.read(repo / "results.tsv")
     assert row.status == "refused" and "changed files outside its run directory" in row.description
     assert "(restored)" in row.description
