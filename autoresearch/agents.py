@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from autoresearch import git, ledger, sandbox
+from autoresearch import git, guard, ledger, sandbox
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -106,6 +106,9 @@ class ExternalAgent:
         if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
             import prepare
             argv = sandbox.wrap_agent(argv, prepare.cache_dir(), prepare.require_manifest())
+        # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
+        # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
+        watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])
         proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.proc = proc
@@ -119,6 +122,11 @@ class ExternalAgent:
             _kill_group(proc)
             raise
         notes = []
+        tampered = [c for c in watch.changes() if not c.startswith(".git/index ")]  # its own `git add` is undone below
+        if tampered:
+            lost = watch.restore()
+            notes.append(f"agent changed {', '.join(tampered[:5])}: restored" + (f" except {', '.join(lost[:3])}"
+                                                                                  if lost else ""))
         changed = git.changed_files(self.workdir)
         others = [p for p in changed if p != "train.py"]
         if others:

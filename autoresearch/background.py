@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -21,7 +20,8 @@ from autoresearch import lock, run
 
 LOG_FILE = "detached.log"   # under STATE_DIR: the detached run's output
 RC_FILE = "detached.rc"     # under STATE_DIR: its exit status, written when it ends
-PID_FILE = "detached.pid"   # under STATE_DIR: the identity (pid, start time) of the shell that writes RC_FILE
+PID_FILE = "detached.pid"   # under STATE_DIR: the identity (pid, start time) of the detached process
+RC_ENV = "AUTORESEARCH_DETACHED_RC"  # set for the detached process: where it writes its exit status as it ends
 WAIT_S = 240.0
 STILL_RUNNING = 3           # `wait`'s exit status when the run is still going at its timeout
 START_S = 60.0              # seconds a detached run may take to take the lock (imports, recovery)
@@ -36,12 +36,10 @@ def detach(repo: Path, argv: list[str]) -> tuple[int, str]:
                             "ends")
     log_path, rc_path = state / LOG_FILE, state / RC_FILE
     rc_path.unlink(missing_ok=True)
-    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "autoresearch.cli", *argv])
-    script = f'{command}; echo $? > {shlex.quote(str(rc_path))}'
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen(["sh", "-c", script], cwd=repo, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    with open(log_path, "w") as out:  # its own session: the caller's shell timeout cannot kill it
+        proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *argv], cwd=repo, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1", **{RC_ENV: str(rc_path)}))
     (state / PID_FILE).write_text(json.dumps(lock.identity(proc.pid)))
     deadline = time.monotonic() + START_S
     while time.monotonic() < deadline and not lock.is_held(state) and proc.poll() is None:
@@ -51,6 +49,16 @@ def detach(repo: Path, argv: list[str]) -> tuple[int, str]:
     return 0, (f"started in the background (pid {proc.pid}); its output goes to {log_path}. "
                f"`autoresearch wait` returns when it ends (or after {WAIT_S:.0f} s with exit status "
                f"{STILL_RUNNING}: call it again); `autoresearch status` shows it meanwhile")
+
+
+def record_status(code: int) -> None:
+    """Called by the detached process as it ends: its exit status, for `wait` (written whole, then renamed)."""
+    path = os.environ.get(RC_ENV)
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{code}\n")
+        os.replace(tmp, path)
 
 
 def _status(rc_path: Path) -> int:
@@ -72,7 +80,7 @@ def wait(repo: Path, timeout: float = WAIT_S) -> tuple[int, str]:
     log_path, rc_path = state / LOG_FILE, state / RC_FILE
     if not log_path.exists():
         return 0, "nothing is running"
-    try:  # the lock is free a moment before the shell around the run writes its exit status
+    try:  # the lock is free a moment before the process writes its exit status and ends
         shell = lock.same_process(json.loads((state / PID_FILE).read_text()))
     except (OSError, ValueError):
         shell = None

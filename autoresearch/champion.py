@@ -55,7 +55,10 @@ def best(repo: Path) -> str:
                   "    logits = model(tokens)  # tokens: int64 (batch, seq_len)"]
     else:
         lines.append("  exported model: not on disk (removed by `autoresearch clean`, or rows from another clone)")
-    diff = git.git(repo, "diff", "--stat", base, champ.commit, "--", run.EDITABLE)
+    try:
+        diff = git.git(repo, "diff", "--stat", base, champ.commit, "--", run.EDITABLE)
+    except git.GitError:
+        return "\n".join(lines + [f"  train.py: commit {champ.commit} is not in this clone (recorded elsewhere)"])
     if champ.commit.startswith(base[:7]) or not diff:
         lines.append(f"  train.py: the tag's base ({base[:7]}), no change yet")
     else:
@@ -89,7 +92,10 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     out = run.state_dir(repo) / "runs" / run_id / sandbox.OUT_DIR
     if not (out / prepare.GRAPH_FILE).is_file():
         raise run.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
-    result = json.loads(evaluate.read_regular(out / prepare.RESULT_FILE, evaluate.RESULT_LIMIT))
+    try:
+        result = json.loads(evaluate.read_regular(out / prepare.RESULT_FILE, evaluate.RESULT_LIMIT))
+    except (OSError, ValueError, evaluate.Unsafe) as e:
+        raise run.HarnessError(f"run {run_id} has no readable {prepare.RESULT_FILE} ({e}).") from None
     device = result["device"] if result["device"] == "cpu" or torch.cuda.is_available() else "cpu"
     try:
         module, shape = evaluate.load_program(prepare, out, device)

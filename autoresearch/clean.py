@@ -3,9 +3,10 @@
 Never deleted: the record (results.tsv, the tag files), every run's log and evaluation, and each tag's champion
 model (the newest kept run of its champion configuration). What can go is rebuilt when needed or was superseded:
 - exported models of kept runs that are no longer their tag's champion;
-- compile-cache bases (<cache>-compile) that are no tag's champion here (the next run of a tag whose champion's
-  base is gone fills it again: one compile phase);
-- the Ray working copies of this repository's tags (<cache>-workers), which a parallel loop clones again.
+- compile-cache bases (<cache>-compile) that are no tag's champion here, each deleted under its own lock (the
+  next run of a tag whose champion's base is gone fills it again: one compile phase; the cache is shared by
+  every clone that uses the same data cache, so another clone's champion may have to refill its base).
+The Ray working copies (<cache>-workers) are left alone: a parallel tag's kept models live there.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ def _size(path: Path) -> int:
 def plan(repo: Path) -> list[Item]:
     import prepare
 
-    from autoresearch import worker
     rows = ledger.read(repo / "results.tsv", None, old_ok=True) if (repo / "results.tsv").exists() else []
     tags = list(dict.fromkeys(r.tag for r in rows))
     keep_models, keep_bases = set(), set()
@@ -59,19 +59,17 @@ def plan(repo: Path) -> list[Item]:
             if base.name not in keep_bases:
                 items.append(Item(base, _size(base), "compile-cache base of no tag's champion here (refilled by "
                                                      "one compile phase if needed)"))
-    for tag in tags:
-        copies = worker.workers_dir(tag, repo)
-        if copies.is_dir():
-            items.append(Item(copies, _size(copies), f"Ray working copies of tag {tag} (cloned again by a "
-                                                       "parallel loop)"))
     return items
 
 
 def delete(items: list[Item]) -> None:
+    import fcntl
     for item in items:
-        if item.path.is_dir():
-            (item.path.parent / f"{item.path.name}.done").unlink(missing_ok=True)  # a compile base's record
-            shutil.rmtree(item.path, ignore_errors=True)
+        if item.path.is_dir():  # a compile base: under the lock its phase and its runs' copies take
+            with open(item.path.parent / f"{item.path.name}.lock", "a+") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                (item.path.parent / f"{item.path.name}.done").unlink(missing_ok=True)
+                shutil.rmtree(item.path, ignore_errors=True)
         else:
             item.path.unlink(missing_ok=True)
 

@@ -21,6 +21,7 @@ environment error (nothing ran; the message names the fix); 3 `wait`: still runn
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -147,6 +148,16 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
+    from autoresearch import background
+    code = FAILED
+    try:
+        code = _checked(args)
+    finally:  # a detached run's exit status, for `autoresearch wait` (background.py)
+        background.record_status(code)
+    return code
+
+
+def _checked(args) -> int:
     from autoresearch import agents, git, ledger, load, lock, run
     from autoresearch.dashboard import DashboardError
     import prepare
@@ -176,7 +187,7 @@ def check_environment() -> None:
 
 
 def _command(args) -> int:
-    from autoresearch import lock, run
+    from autoresearch import background, lock, run
     if args.command == "report":
         from autoresearch import report
         print(report.main(args))
@@ -192,9 +203,8 @@ def _command(args) -> int:
         finally:
             server.server_close()
         return OK
-    if args.command == "run" and args.detach:
-        from autoresearch import background
-        code, text = background.detach(repo, [a for a in args.argv if a != "--detach"])
+    if args.command == "run" and args.detach and not os.environ.get(background.RC_ENV):  # detach once, not again
+        code, text = background.detach(repo, args.argv)
         print(text, file=sys.stdout if code == OK else sys.stderr)
         return code
     if args.command in ("setup", "run", "loop"):
@@ -207,12 +217,14 @@ def _command(args) -> int:
         return code
     if args.command == "stop":
         from autoresearch import dashboard
-        if not lock.is_held(run.state_dir(repo)):
-            print("no loop is running here; nothing to stop")
+        holder = lock.holder(run.state_dir(repo) / lock.LOCK_NAME)
+        if not lock.is_held(run.state_dir(repo)) or "autoresearch loop" not in holder:
+            print("no loop is running here; nothing to stop" + (
+                f" ({holder} ends after its experiment anyway)" if lock.is_held(run.state_dir(repo)) else ""))
             return OK
         dashboard.stop_path(repo).parent.mkdir(parents=True, exist_ok=True)
         dashboard.stop_path(repo).touch()
-        print(f"asked {lock.holder(run.state_dir(repo) / lock.LOCK_NAME)} to stop after the experiment in flight "
+        print(f"asked {holder} to stop after the experiment in flight "
               "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
         return OK
     if args.command == "best":
@@ -225,11 +237,13 @@ def _command(args) -> int:
         return OK
     if args.command == "clean":
         from autoresearch import clean
-        items = clean.plan(repo)
-        if args.yes and items:
-            with lock.RepoLock(run.state_dir(repo), "autoresearch clean"):  # never under a running loop
-                clean.delete(items)
-        print(clean.text(items, deleted=args.yes))
+        if not args.yes:
+            print(clean.text(clean.plan(repo), deleted=False))
+            return OK
+        with lock.RepoLock(run.state_dir(repo), "autoresearch clean"):  # never under a running loop
+            items = clean.plan(repo)
+            clean.delete(items)
+        print(clean.text(items, deleted=True))
         return OK
     if args.command == "status" and args.json:
         import json

@@ -21,29 +21,51 @@ is rewritten.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
 SMALL = 1 << 20
+RECORD_LIMIT = 256 << 20  # the record is kept whole up to this size (a 1 MB results.tsv is ~3,500 rows)
 SKIP_DIRS = {(".git", "objects")}
-RECORD = ("results.tsv", ".autoresearch/tags")  # ignored by git, and the harness's record: always compared
+# Ignored by git, and what the harness trusts later: always compared. The record (the ledger, the tag files, a
+# parallel loop's in-flight jobs), and Python's package metadata at the repository's root (`python -m` puts it
+# first on sys.path, and `import torch` loads entry points from any *.egg-info or *.dist-info found there).
+RECORD = ("results.tsv", ".autoresearch/tags", ".autoresearch/inflight")
+METADATA = (".egg-info", ".dist-info")
 BYTECODE = "__pycache__"
 INDEX = ".git/index"
+# A new file is excused as ignored (a report's progress.png) only if Python would never load it.
+LOADABLE = (".py", ".pyc", ".pyo", ".so", ".pyd", ".pth")
+# The guard's git commands must not run what the run could have configured: core.fsmonitor runs a command on
+# every read of the index; system and global config live outside the repository.
+GIT = ["git", "-c", "core.fsmonitor=false", "-c", "core.untrackedCache=false"]
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_OPTIONAL_LOCKS": "0"}
+GIT_TIMEOUT = 60  # seconds: a FIFO planted as .git/config would block git forever
+
+
+def _git(repo: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run([*GIT, *args], cwd=repo, input=input, capture_output=True, timeout=GIT_TIMEOUT,
+                              env={**os.environ, **GIT_ENV})
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def ignored(repo: Path) -> tuple[set[str], set[str]]:
     """Paths git ignores in repo, as (directories, files), relative; an ignored directory is listed, not walked."""
-    proc = subprocess.run(["git", "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory"],
-                          cwd=repo, capture_output=True)
-    if proc.returncode != 0:  # not a git work tree: nothing is ignored, everything is compared
+    proc = _git(repo, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
+    if proc is None or proc.returncode != 0:  # not a git work tree (or a hang): nothing is ignored
         return set(), set()
     names = [n for n in proc.stdout.decode(errors="surrogateescape").split("\0") if n]
     return {n.rstrip("/") for n in names if n.endswith("/")}, {n for n in names if not n.endswith("/")}
 
 
 def _protected(rel: str) -> bool:
-    return any(rel == r or rel.startswith(r + "/") for r in RECORD) or BYTECODE in rel.split("/")
+    parts = rel.split("/")
+    return (any(rel == r or rel.startswith(r + "/") for r in RECORD) or BYTECODE in parts
+            or parts[0].endswith(METADATA))
 
 
 def _leads_to_record(rel: str) -> bool:
@@ -95,7 +117,8 @@ class Guard:
         """Paths added, removed or changed (content, mode, link target, a large file's size/mtime/inode, the
         index's staged entries) since the snapshot."""
         self.after = self.snapshot()
-        new = sorted(rel for rel in set(self.after) - set(self.before) if not _protected(rel))
+        new = sorted(rel for rel in set(self.after) - set(self.before)
+                     if not _protected(rel) and not rel.endswith(LOADABLE) and not rel.startswith(".git/"))
         for rel in self._ignored_by_old_rules(new):
             del self.after[rel]
         out = []
@@ -113,8 +136,13 @@ class Guard:
         """Those of `paths` that git ignores by a rule from a file that was in the snapshot, unchanged."""
         if not paths:
             return []
-        proc = subprocess.run(["git", "check-ignore", "-v", "-z", "--stdin"], cwd=self.repo,
-                              input="\0".join(paths).encode(errors="surrogateescape"), capture_output=True)
+        if any(_meaning(self.before.get(rel, ())) != _meaning(self.after.get(rel, ())) for rel in self.before
+               if rel.startswith(".git/") and not rel.startswith(".git/refs/")):
+            return []  # git's own configuration changed: no rule is trusted
+        proc = _git(self.repo, "check-ignore", "-v", "-z", "--stdin",
+                    input="\0".join(paths).encode(errors="surrogateescape"))
+        if proc is None:
+            return []
         fields = proc.stdout.decode(errors="surrogateescape").split("\0")
         out = []
         for i in range(0, len(fields) - 3, 4):  # source, line, pattern, path
@@ -127,28 +155,32 @@ class Guard:
         return out
 
     def restore(self) -> list[str]:
-        """Put back what changed; the paths that could not be restored (large files, FIFOs and the like)."""
+        """Put back what changed; the paths that could not be restored (large files, FIFOs, what failed). Never
+        raises: a run that left a directory where a file was must not stop the harness from recording it."""
         lost = []
-        for rel in sorted(set(self.before) | set(self.after or {})):
-            path = self.repo / rel
-            old, new = self.before.get(rel), (self.after or {}).get(rel)
-            if old is not None and new is not None and _meaning(old) == _meaning(new):
-                continue
-            if old is None:
-                if path.is_symlink() or not path.is_dir():
-                    path.unlink(missing_ok=True)
-                continue
-            if old[0] in ("stat", "special"):
+        after = self.after or {}
+        changed = [rel for rel in set(self.before) | set(after)
+                   if not (rel in self.before and rel in after and _meaning(self.before[rel]) == _meaning(after[rel]))]
+        for rel in sorted(changed, key=lambda r: (-r.count("/"), r)):  # deepest first: a new dir's files go first
+            path, old = self.repo / rel, self.before.get(rel)
+            try:
+                if old is not None and old[0] in ("stat", "special"):
+                    lost.append(rel)
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif path.is_symlink() or path.exists():
+                    path.unlink()
+                if old is None:
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if old[0] == "link":
+                    path.symlink_to(old[1])
+                else:
+                    path.write_bytes(old[1])
+                    os.chmod(path, old[2] & 0o7777)
+            except OSError:
                 lost.append(rel)
-                continue
-            if path.is_symlink() or (path.exists() and not path.is_dir()):
-                path.unlink()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if old[0] == "link":
-                path.symlink_to(old[1])
-            else:
-                path.write_bytes(old[1])
-                os.chmod(path, old[2] & 0o7777)
         return lost
 
 
@@ -158,11 +190,12 @@ def _entry(path: Path, rel: str) -> tuple:
         return ("link", os.readlink(path))
     if not stat.S_ISREG(st.st_mode):  # a FIFO would block a read forever
         return ("special", stat.S_IFMT(st.st_mode), st.st_ino)
-    if st.st_size > SMALL:
-        return ("stat", st.st_size, st.st_mtime_ns, st.st_ino)
+    limit = RECORD_LIMIT if _protected(rel) else SMALL
+    if st.st_size > limit:  # ctime too: a run can set mtime back, not ctime
+        return ("stat", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as f:
-        data = f.read(SMALL + 1)
+        data = f.read(limit + 1)
     if rel == INDEX:
         return ("bytes", data, st.st_mode, _staged(path.parent.parent))
     return ("bytes", data, st.st_mode)
@@ -171,7 +204,8 @@ def _entry(path: Path, rel: str) -> tuple:
 def _staged(repo: Path) -> str:
     """What the index stages (mode, blob, stage, path per entry): its meaning, without the stat data git
     refreshes whenever anyone runs `git status`."""
-    return subprocess.run(["git", "ls-files", "--stage", "-z"], cwd=repo, capture_output=True).stdout.hex()
+    proc = _git(repo, "ls-files", "--stage", "-v", "-z")  # -v: assume-unchanged and skip-worktree bits too
+    return "unreadable" if proc is None else proc.stdout.hex()
 
 
 def _meaning(entry: tuple) -> tuple:

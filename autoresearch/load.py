@@ -148,16 +148,19 @@ def check_settings() -> None:
     limit()
 
 
-def wait_until_quiet(log=print, on_wait=None) -> float:
+def wait_until_quiet(log=print, on_wait=None, give_up=None) -> float:
     """Wait while other processes keep more than limit() cores busy, saying so at once and every TELL_EVERY
     seconds (on_wait(text) too, for `autoresearch status`); the load found last. Raises Busy after
-    AUTORESEARCH_LOAD_WAIT seconds of a busy machine (no end without it)."""
+    AUTORESEARCH_LOAD_WAIT seconds of a busy machine (no end without it), or as soon as give_up() is true (the
+    loop's stop button or its --hours)."""
     most, wait = limit(), max_wait()
     start = time.monotonic()
     load = others_now()
     told = -TELL_EVERY
     while load > most:
         waited = time.monotonic() - start
+        if give_up is not None and give_up():
+            raise Busy("stopped while waiting for a quiet machine")
         if waited >= wait:
             culprits = heaviest()
             raise Busy(f"other processes keep {load:.1f} cores busy ({', '.join(culprits) or 'not one process'}), "

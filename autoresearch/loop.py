@@ -171,13 +171,23 @@ def main(repo: Path, args, log=print) -> int:
                 log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))
             progress.restart()
 
+        def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
+            return stop.pending() or (deadline is not None and time.time() >= deadline)
+
         try:
             while True:
                 try:
                     outcomes = run.experiment(repo, description, rule=args.decision, on_outcome=report,
-                                              on_progress=progress, log=log, sandbox_mode=args.sandbox)
+                                              on_progress=progress, log=log, sandbox_mode=args.sandbox,
+                                              give_up=give_up)
                     break
                 except run.MachineBusy as e:  # AUTORESEARCH_LOAD_WAIT ran out: a busy machine delays the night
+                    if give_up():
+                        progress.close()
+                        log("stopping while waiting for a quiet machine: " + (
+                            "asked to (.autoresearch/stop)" if stop() else "--hours reached") +
+                            "; nothing ran (train.py keeps the proposed change, uncommitted)")
+                        return 0
                     log(f"still busy ({e}); waiting again")
         except KeyboardInterrupt:
             progress.close()
@@ -205,4 +215,5 @@ def dashboard_stop(repo: Path):
             path.unlink(missing_ok=True)
             return True
         return False
+    requested.pending = path.exists  # asked, without consuming it
     return requested

@@ -896,7 +896,8 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
 
 
 def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float | None = None,
-                   on_progress=None, log=print, sandbox_mode: str | None = None, rule: str | None = None) -> Outcome:
+                   on_progress=None, log=print, sandbox_mode: str | None = None, rule: str | None = None,
+                   give_up=None) -> Outcome:
     """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
     repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it. sandbox_mode,
     rule and timeout default to the tag's; weaker ones than the tag's are refused."""
@@ -959,7 +960,8 @@ def run_experiment(repo: Path, description: str, seed: int = 42, timeout: float 
     if config["clock"] == "wall":  # a competing process would be measured, not train.py (load.py)
         waiting = state_dir(repo) / WAITING_FILE
         try:
-            load.wait_until_quiet(log, on_wait=lambda text: _atomic_json(waiting, {"since": _now(), "text": text}))
+            load.wait_until_quiet(log, on_wait=lambda text: _atomic_json(waiting, {"since": _now(), "text": text}),
+                                  give_up=give_up)
         except load.Busy as e:
             raise MachineBusy(str(e)) from None
         finally:

@@ -269,11 +269,12 @@ def test_an_agent_detaches_a_run_waits_for_it_and_the_morning_commands_show_the_
 
     dry = cli(repo, "clean", env=env)
     older = [r.run_id for r in rows[:2]]
-    assert dry.returncode == 0 and "would delete 4 item(s)" in dry.stdout, dry.stdout
+    assert dry.returncode == 0 and "would delete" in dry.stdout, dry.stdout  # (and any unused compile base)
+    assert sum(f"/{r}/out/model." in dry.stdout for r in older for _ in (0,)) == 2 and dry.stdout.count("/out/model.") == 4
     assert all(run_id in dry.stdout for run_id in older) and rows[-1].run_id not in dry.stdout
     assert all((repo / ".autoresearch/runs" / r / "out/model.safetensors").exists() for r in older)
     out = cli(repo, "clean", "--yes", env=env)
-    assert out.returncode == 0 and "deleted 4 item(s)" in out.stdout
+    assert out.returncode == 0 and "deleted" in out.stdout and out.stdout.count("/out/model.") == 4
     assert not any((repo / ".autoresearch/runs" / r / "out/model.safetensors").exists() for r in older)
     assert all((repo / ".autoresearch/runs" / r.run_id / "run.log").exists() for r in rows)  # records stay
     assert len(ledger.read(repo / "results.tsv")) == 3 and cli(repo, "best", env=env).stdout == best.stdout
@@ -291,3 +292,48 @@ def test_the_loop_gives_its_agent_the_rules_and_one_instruction_not_the_cli_driv
     program = (ROOT / "program.md").read_text()  # the agent that drives the CLI itself gets what it needs
     assert "AUTORESEARCH_CACHE" in program and "--detach" in program and "autoresearch wait" in program
     assert "~/.cache/autoresearch/manifest.json" not in program
+
+
+def test_an_unsandboxed_run_cannot_slip_past_the_guard(tmp_path):
+    """What a fresh-eyed attack on the guard found: an fsmonitor hook in .git/config (git runs it on every read
+    of the index, the guard's own git calls included), a directory left where the tag file was, package metadata
+    at the repository's root (import torch loads entry points from it), a hidden skip-worktree bit."""
+    repo = _clone_like(tmp_path)
+    (repo / "pkg.egg-info").mkdir()
+    (repo / "pkg.egg-info" / "PKG-INFO").write_text("Name: pkg\n")
+    with open(repo / ".gitignore", "a") as f:
+        f.write("*.egg-info/\nbuild/\n")
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "ignore")
+    watch = guard.Guard(repo, exclude=[])
+    sh(repo, "git", "update-index", "--skip-worktree", "train.py")  # before the hook: this git would run it
+    sh(repo, "git", "config", "core.fsmonitor", "echo FORGED >> results.tsv; true")
+    (repo / ".autoresearch" / "tags" / "t.json").unlink()
+    (repo / ".autoresearch" / "tags" / "t.json").mkdir()
+    (repo / "pkg.egg-info" / "entry_points.txt").write_text("[torch.backends]\nx = build:f\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "__init__.py").write_text("def f(): print('pwned')\n")  # ignored by an old rule: still found
+    changed = watch.changes()
+    assert "FORGED" not in (repo / "results.tsv").read_text()  # the hook never ran
+    for path in (".git/config", ".autoresearch/tags/t.json", "pkg.egg-info/entry_points.txt", "build/__init__.py",
+                 ".git/index"):
+        assert any(c.startswith(path + " ") for c in changed), (path, changed)
+    assert watch.restore() == []
+    assert (repo / ".autoresearch" / "tags" / "t.json").read_text() == "{}"
+    assert not (repo / "build" / "__init__.py").exists() and not (repo / "pkg.egg-info" / "entry_points.txt").exists()
+    assert "fsmonitor" not in (repo / ".git" / "config").read_text()
+
+
+def test_an_agent_that_edits_the_record_is_restored_and_named(repo, env, tmp_path, monkeypatch):
+    from autoresearch import agents, run
+    for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET"):
+        monkeypatch.setenv(key, env[key])
+    run.setup(repo, "a")
+    ledger_before = (repo / "results.tsv").read_text()
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\necho '# tweak' >> train.py\necho forged >> results.tsv\n"
+                      "echo 'DESCRIPTION: a tweak'\n")
+    script.chmod(0o755)
+    description = agents.ExternalAgent(repo, "a", str(script), timeout=60).propose({})
+    assert description.startswith("a tweak [agent changed results.tsv (changed): restored")
+    assert (repo / "results.tsv").read_text() == ledger_before
+    assert (repo / "train.py").read_text().endswith("# tweak\n")  # its one legitimate change stays
