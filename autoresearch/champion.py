@@ -19,7 +19,7 @@ def kept_runs(repo: Path, rows: list[ledger.Row], config_id: str) -> list[ledger
     import prepare
     found = []
     for r in reversed(rows):
-        if r.status == "keep" and (r.config or r.commit) == config_id:
+        if r.status == "keep" and r.key == config_id:
             out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR
             if (out / prepare.GRAPH_FILE).is_file() and (out / prepare.TENSORS_FILE).is_file():
                 found.append(r)
@@ -34,11 +34,11 @@ def best(repo: Path) -> str:
     if champ is None:
         raise run.HarnessError(f"tag {config['tag']} has no kept run yet: the baseline comes first "
                                "(`autoresearch status` shows what is running).")
-    key = champ.config or champ.commit
+    key = champ.key
     values = decide.samples(rows).get(key, [champ.val_bpb])
     noise = decide.pooled_noise(decide.samples(rows))
     spread = f" +- {decide.sem(values, noise):.6f} (sem)" if noise else ""
-    tests = [r.test_bpb for r in rows if r.status == "keep" and (r.config or r.commit) == key and r.test_bpb]
+    tests = [r.test_bpb for r in rows if r.status == "keep" and r.key == key and r.test_bpb]
     base = config["base_commit"]
     lines = [f"champion of tag {config['tag']}: val_bpb {fmean(values):.6f}{spread} over {len(values)} run(s)",
              f"  commit {champ.commit}: {decide.base_description(champ.description)}",
@@ -84,7 +84,7 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     rows = ledger.read(repo / "results.tsv", config["tag"])
     if run_id is None:
         champ = decide.champion(rows)
-        models = kept_runs(repo, rows, champ.config or champ.commit) if champ else []
+        models = kept_runs(repo, rows, champ.key) if champ else []
         if not models:
             raise run.HarnessError(f"tag {config['tag']} has no kept model on disk yet (`autoresearch best` says "
                                    "why); give one with --run RUN_ID.")

@@ -41,7 +41,7 @@ def plan(repo: Path) -> list[Item]:
         mine = [r for r in rows if r.tag == tag]
         champ = decide.champion(mine)
         if champ is not None:
-            key = champ.config or champ.commit
+            key = champ.key
             keep_bases.add(key)
             keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
     items = []

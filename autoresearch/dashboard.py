@@ -95,7 +95,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
     values = decide.samples(rows)
     noise = decide.pooled_noise(values)
     champ = decide.champion(rows)
-    champ_values = values.get(champ.config or champ.commit, []) if champ else []
+    champ_values = values.get(champ.key, []) if champ else []
     champion = None
     if champ_values:
         champion = {"commit": champ.commit, "config": champ.config, "mean": fmean(champ_values), "n": len(champ_values),
@@ -104,11 +104,11 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
     times = [t for t in (_seconds(r.time) for r in rows) if t is not None]
     first = min(times) - (rows[0].wall_s or 0) if times else None
     hours = (max(times) - first) / 3600 if times else 0.0
-    configs = {r.config or r.commit for r in rows if r.status != "refused"}
+    configs = {r.key for r in rows if r.status != "refused"}
     decided = {}
     for r in rows:  # a configuration's verdict is its last keep or discard
         if r.status in ("keep", "discard") and not r.decision.startswith("baseline"):
-            decided[r.config or r.commit] = r.status
+            decided[r.key] = r.status
     frontier = []
     for i, r in enumerate(rows, 1):
         if r.status == "keep" and r.mean is not None:

@@ -118,7 +118,7 @@ def samples(rows) -> dict[str, list[float]]:
     """configuration -> its val_bpb values, in order."""
     out: dict[str, list[float]] = {}
     for r in finished(rows):
-        out.setdefault(r.config or r.commit, []).append(r.val_bpb)
+        out.setdefault(r.key, []).append(r.val_bpb)
     return out
 
 
@@ -145,7 +145,7 @@ def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series |
     """The series of one configuration, if it is unfinished: the baseline with fewer than baseline_runs runs,
     or a candidate whose last run said `confirm`. Interrupted runs (a killed harness or worker) and refused ones
     leave a series open; a crash of the configuration itself closes it."""
-    decided = [r for r in rows if (r.config or r.commit) == config and r.status != "refused"
+    decided = [r for r in rows if r.key == config and r.status != "refused"
                and not is_interruption(r)]
     if not decided:
         return None
@@ -164,7 +164,7 @@ def open_serieses(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
     last_index = {}
     for i, r in enumerate(rows):
         if r.status != "refused" and not is_interruption(r):
-            last_index[r.config or r.commit] = i
+            last_index[r.key] = i
     found = [series_of(rows, key, baseline_runs) for key in sorted(last_index, key=last_index.get)]
     return [s for s in found if s is not None]
 

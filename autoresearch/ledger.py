@@ -67,6 +67,11 @@ class Row:
     test_bpb: float | None = None   # the held-out test split's score, where the harness measured it
     flags: str = ""            # what a reader should look at: a test_bpb far worse than val_bpb, identical repeats
 
+    @property
+    def key(self) -> str:
+        """Its configuration: the train.py blob, or for rows written before `config` existed, the commit."""
+        return self.config or self.commit
+
     def to_line(self, columns: list[str] = COLUMNS) -> str:
         values = asdict(self)
         for k in ("mean", "sem", "p_better", "load", "outside_s", "test_bpb"):

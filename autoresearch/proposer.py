@@ -102,13 +102,13 @@ class BuiltinProposer:
         means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
         seen = set()
         for row in rows:
-            key = row.config or row.commit
+            key = row.key
             if key in seen or row.status == "refused":
                 continue
             source = self._source(row.commit)
             if source is None:
                 continue
-            if key not in means and not any((r.config or r.commit) == key and r.status == "crash"
+            if key not in means and not any(r.key == key and r.status == "crash"
                                             and not decide.is_interruption(r) for r in rows):
                 continue  # only refused or interrupted so far: nothing learned about it
             seen.add(key)

@@ -858,7 +858,7 @@ def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | N
     """The val_bpb below which a run may be a new best, so the held-out test split is scored for it: the best
     single run (naive) or the champion's mean (stat)."""
     champ_row = decide.champion(rows)
-    values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
+    values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
     if rule == "stat" and values:
         return fmean(values)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
@@ -879,7 +879,7 @@ def result_row(config: dict, ex: Execution, rows: list[ledger.Row], rule: str, s
             "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
             else ""), **common)
     champ_row = decide.champion(rows)
-    champ_values = decide.samples(rows).get(champ_row.config or champ_row.commit, []) if champ_row else []
+    champ_values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
     cold_after = max(decide.COLD_COMPILE * config["budget_s"], decide.COLD_COMPILE_S)  # a new shape's first run
@@ -1066,7 +1066,7 @@ def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_
             "first run" if best_before is None else f"{'below' if better else 'not below'} the best {best_before:.6f}"))
     if champ_row is None or (series is not None and series.kind == "baseline"):
         return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
-    if config_id == (champ_row.config or champ_row.commit):
+    if config_id == champ_row.key:
         return "keep", dict(stats, decision="a repeat of the champion")
     verdict = decide.decide(mine, champ_values, noise, cold=cold)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)

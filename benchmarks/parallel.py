@@ -74,7 +74,7 @@ def arm(workers: int, threads: int, budget: float, window: float, log_dir: Path)
     return {
         "workers": workers, "threads": threads, "budget_s": budget, "window_s": window,
         "runs": len(done), "crashes": sum(r.status == "crash" for r in done),
-        "experiments": len({r.config or r.commit for r in done}),
+        "experiments": len({r.key for r in done}),
         "runs_per_hour": round(len(done) * 3600 / window, 1),
         "median_steps": statistics.median(r.steps for r in finished) if finished else None,
         "median_wall_s": statistics.median(r.wall_s for r in finished) if finished else None,

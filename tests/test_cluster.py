@@ -85,7 +85,7 @@ def check_ledger(repo, tag, seen_heads):
     assert len(ids) == len(set(ids)), "a run recorded twice"
     assert not list((repo / ".autoresearch" / "inflight").glob("*.json")), "a dispatched run never recorded"
     for key, values in decide.samples(rows).items():
-        last = [r for r in rows if (r.config or r.commit) == key and r.val_bpb > 0][-1]
+        last = [r for r in rows if r.key == key and r.val_bpb > 0][-1]
         assert last.n == len(values)
     config = json.loads((repo / ".autoresearch" / "tags" / f"{tag}.json").read_text())
     kept = {git.git(repo, "rev-parse", r.commit) for r in rows if r.status == "keep"} | {config["base_commit"]}

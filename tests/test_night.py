@@ -144,11 +144,19 @@ def _venv(repo):
 
 
 def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip):
-    """The sandbox's /tmp is private: a venv there (and PYTHONPATH entries) must be mounted into it."""
+    """The sandbox's /tmp is private: a venv there, and a PYTHONPATH entry there that train.py imports from, must
+    be mounted into it."""
     bwrap_or_skip()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
+    extra = tmp_path / "extra"  # a PYTHONPATH entry under /tmp with a module train.py imports
+    extra.mkdir()
+    (extra / "helper_for_train.py").write_text("LR_SCALE = 1.0\n")
+    env = dict(env, PYTHONPATH=f"{env['PYTHONPATH']}{os.pathsep}{extra}")
+    source = (repo / "train.py").read_text()
+    (repo / "train.py").write_text(source.replace("\nimport torch\n", "\nimport torch\nimport helper_for_train\n", 1))
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "uses a helper")
     assert cli(repo, "setup", "--tag", "v", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0
     out = subprocess.run([python, "-m", "autoresearch.cli", "run", "-m", "from a venv in /tmp"], cwd=repo, env=env,
                          capture_output=True, text=True, timeout=300)
