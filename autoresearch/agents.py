@@ -122,16 +122,17 @@ class ExternalAgent:
             _kill_group(proc)
             raise
         notes = []
-        tampered = [c for c in watch.changes() if not c.startswith(".git/index ")]  # its own `git add` is undone below
-        if tampered:
-            lost = watch.restore()
-            notes.append(f"agent changed {', '.join(tampered[:5])}: restored" + (f" except {', '.join(lost[:3])}"
-                                                                                  if lost else ""))
         changed = git.changed_files(self.workdir)
         others = [p for p in changed if p != "train.py"]
         if others:
             git.restore(self.workdir, others)
             notes.append(f"agent also edited {', '.join(others[:5])}: reverted")
+        # what git status cannot see (ignored record files, .git, bytecode); its own `git add` shows as the index
+        hidden = [c for c in watch.changes() if c.rsplit(" (", 1)[0] not in changed and not c.startswith(".git/index ")]
+        if hidden:
+            lost = watch.restore()
+            notes.append(f"agent changed {', '.join(hidden[:5])}: restored" + (f" except {', '.join(lost[:3])}"
+                                                                                if lost else ""))
         if "train.py" not in changed:
             raise AgentError(f"the agent made no change to train.py (exit {proc.returncode}); its output ended: "
                              + (out or "")[-500:])

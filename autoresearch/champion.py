@@ -14,16 +14,28 @@ from statistics import fmean
 from autoresearch import decide, git, ledger, run, sandbox
 
 
-def kept_runs(repo: Path, rows: list[ledger.Row], config_id: str) -> list[ledger.Row]:
-    """The configuration's kept runs whose exported model is still on disk, newest first."""
+def model_dir(repo: Path, row: ledger.Row) -> Path | None:
+    """Where a run's exported model is on this machine: its run directory's out/, or for a parallel loop's run
+    the worker's run directory (cluster.py records it in evaluation.json; on this machine if the worker was)."""
+    import json
+
     import prepare
-    found = []
-    for r in reversed(rows):
-        if r.status == "keep" and r.key == config_id:
-            out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR
-            if (out / prepare.GRAPH_FILE).is_file() and (out / prepare.TENSORS_FILE).is_file():
-                found.append(r)
-    return found
+    run_dir = run.state_dir(repo) / "runs" / row.run_id
+    candidates = [run_dir / sandbox.OUT_DIR]
+    try:
+        candidates.append(Path(json.loads((run_dir / "evaluation.json").read_text())["worker_run_dir"]) /
+                          sandbox.OUT_DIR)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    for out in candidates:
+        if (out / prepare.GRAPH_FILE).is_file() and (out / prepare.TENSORS_FILE).is_file():
+            return out
+    return None
+
+
+def kept_runs(repo: Path, rows: list[ledger.Row], config_id: str) -> list[ledger.Row]:
+    """The configuration's kept runs whose exported model is still on disk here, newest first."""
+    return [r for r in reversed(rows) if r.status == "keep" and r.key == config_id and model_dir(repo, r)]
 
 
 def best(repo: Path) -> str:
@@ -46,7 +58,7 @@ def best(repo: Path) -> str:
                               "not scored (the baseline's first run scores it; see docs/integrity.md)")]
     models = kept_runs(repo, rows, key)
     if models:
-        out = run.state_dir(repo) / "runs" / models[0].run_id / sandbox.OUT_DIR
+        out = model_dir(repo, models[0])
         lines += [f"  exported model: {out / prepare.GRAPH_FILE} + {prepare.TENSORS_FILE}",
                   "  sample from it: autoresearch sample --prompt 'Once upon a time'",
                   "  load it in Python (checked the way the harness scores it):",
@@ -54,7 +66,8 @@ def best(repo: Path) -> str:
                   f"    model, (batch, seq_len) = evaluate.load_program(prepare, Path({str(out)!r}), 'cpu')",
                   "    logits = model(tokens)  # tokens: int64 (batch, seq_len)"]
     else:
-        lines.append("  exported model: not on disk (removed by `autoresearch clean`, or rows from another clone)")
+        lines.append("  exported model: not on this machine (removed by `autoresearch clean`, rows from another "
+                     "clone, or kept by a Ray worker on another machine)")
     try:
         diff = git.git(repo, "diff", "--stat", base, champ.commit, "--", run.EDITABLE)
     except git.GitError:
@@ -89,7 +102,8 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
             raise run.HarnessError(f"tag {config['tag']} has no kept model on disk yet (`autoresearch best` says "
                                    "why); give one with --run RUN_ID.")
         run_id = models[0].run_id
-    out = run.state_dir(repo) / "runs" / run_id / sandbox.OUT_DIR
+    found = [model_dir(repo, r) for r in rows if r.run_id == run_id]
+    out = found[0] if found and found[0] else run.state_dir(repo) / "runs" / run_id / sandbox.OUT_DIR
     if not (out / prepare.GRAPH_FILE).is_file():
         raise run.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
     try:

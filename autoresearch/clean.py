@@ -46,7 +46,7 @@ def plan(repo: Path) -> list[Item]:
             keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
     items = []
     for r in rows:
-        out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR
+        out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR  # this clone's runs only (not a worker's)
         if r.status == "keep" and r.run_id not in keep_models:
             for name in (prepare.GRAPH_FILE, prepare.TENSORS_FILE):
                 if (out / name).is_file():

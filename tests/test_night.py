@@ -105,6 +105,9 @@ def test_the_stop_button_a_report_and_a_venv_next_to_a_real_run(repo, env):
     from test_dashboard import browser, start_dashboard, wait_until
 
     os.mkfifo(_venv(repo) / "fifo")
+    # A browser, a dashboard and a report share 2 cores with the training: the tag gets room outside its budget
+    # (this test is about the guard, not the allowance, which test_integrity covers).
+    env = dict(env, AUTORESEARCH_OUTSIDE_ALLOWANCE="120")
     loop_proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "night", "--decision",
                                   "naive", "--max-experiments", "3"], cwd=repo, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
