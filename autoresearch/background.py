@@ -81,10 +81,10 @@ def wait(repo: Path, timeout: float = WAIT_S) -> tuple[int, str]:
     if not log_path.exists():
         return 0, "nothing is running"
     try:  # the lock is free a moment before the process writes its exit status and ends
-        shell = lock.same_process(json.loads((state / PID_FILE).read_text()))
+        detached = lock.same_process(json.loads((state / PID_FILE).read_text()))
     except (OSError, ValueError):
-        shell = None
-    while shell is not None and not rc_path.exists() and shell.is_running() and time.monotonic() < deadline + 10:
+        detached = None
+    while detached is not None and not rc_path.exists() and detached.is_running() and time.monotonic() < deadline + 10:
         time.sleep(0.1)
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
     if not rc_path.exists():

@@ -211,16 +211,15 @@ def _command(args) -> int:
         with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
             return _change_state(repo, args)
     if args.command == "wait":
-        from autoresearch import background
         code, text = background.wait(repo, args.timeout)
         print(text)
         return code
     if args.command == "stop":
         from autoresearch import dashboard
-        holder = lock.holder(run.state_dir(repo) / lock.LOCK_NAME)
-        if not lock.is_held(run.state_dir(repo)) or "autoresearch loop" not in holder:
+        held, holder = lock.is_held(run.state_dir(repo)), lock.holder(run.state_dir(repo) / lock.LOCK_NAME)
+        if not held or "autoresearch loop" not in holder:
             print("no loop is running here; nothing to stop" + (
-                f" ({holder} ends after its experiment anyway)" if lock.is_held(run.state_dir(repo)) else ""))
+                f" ({holder} ends after its experiment anyway)" if held else ""))
             return OK
         dashboard.stop_path(repo).parent.mkdir(parents=True, exist_ok=True)
         dashboard.stop_path(repo).touch()

@@ -115,7 +115,7 @@ class Settings(ValueError):
     """A load setting that is not a number: the message names the variable."""
 
 
-def _seconds_env(name: str) -> float | None:
+def _number_env(name: str) -> float | None:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return None
@@ -130,13 +130,13 @@ def _seconds_env(name: str) -> float | None:
 
 def max_wait() -> float:
     """Seconds `autoresearch run` waits for a quiet machine before giving up: none, unless AUTORESEARCH_LOAD_WAIT."""
-    value = _seconds_env("AUTORESEARCH_LOAD_WAIT")
+    value = _number_env("AUTORESEARCH_LOAD_WAIT")
     return float("inf") if value is None else value
 
 
 def limit(cores: int | None = None) -> float:
     """Cores other processes may keep busy before a wall-clock run waits (LOAD_SHARE of the machine)."""
-    value = _seconds_env("AUTORESEARCH_LOAD_LIMIT")
+    value = _number_env("AUTORESEARCH_LOAD_LIMIT")
     if value is not None:
         return value
     return max(LOAD_MIN, LOAD_SHARE * (cores or psutil.cpu_count() or 1))
