@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 from contextlib import nullcontext
@@ -635,6 +636,107 @@ def measure_peaks(threads: int) -> dict:
     cpu = torch.device("cpu")
     return {peak_key("cpu", name, threads): probe_flops(cpu, dtype)
             for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+
+# ---------------------------------------------------------------------------
+# The runtime train.py uses (DO NOT CHANGE; an agent need not read it): which device, dtype and compiler to use
+# and why, peak memory, and the lines the harness and the dashboard read from its log (the step line and
+# FAST_FAIL). Defined here once, so that train.py holds research code and the harness parses what it prints.
+# ---------------------------------------------------------------------------
+
+FAST_FAIL = "FAST_FAIL"   # a log line starting with this: the loss diverged, the run is a crash
+# One line per LOG_EVERY steps: the progress bar, the dashboard's loss curve and `status` read it.
+STEP_RE = re.compile(r"^step=\s*(?P<step>\d+) \| loss=(?P<loss>[\d.naninf+-]+) \| tok/s=(?P<tok_per_sec>\d+) "
+                     r"\| mfu=(?P<mfu>[\d.]+)% \| elapsed=(?P<elapsed>\d+)s", re.M)
+
+
+def step_line(step: int, loss: float, tok_per_sec: float, mfu: float, elapsed: float, epoch: int) -> str:
+    return (f"step={step:6d} | loss={loss:.4f} | tok/s={tok_per_sec:.0f} | mfu={mfu:.1f}% | elapsed={elapsed:.0f}s "
+            f"| epoch={epoch}")
+
+
+def check_loss(step: int, loss: float) -> None:
+    """End the run at once when the loss is NaN, infinite or above 100: nothing after it is worth the budget."""
+    if not math.isfinite(loss) or loss > 100:
+        print(f"{FAST_FAIL} step={step} loss={loss} (NaN, infinite or above 100)", flush=True)
+        sys.exit(1)
+
+
+def run_seed(default: int = 42) -> int:
+    """The run's seed: the harness's (SEED_ENV, a new one for every run of a series), or `default` by hand. A
+    result.json with another seed is refused."""
+    seed = harness_seed()
+    return default if seed is None else seed
+
+
+def pick_device():
+    import torch
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device):
+    """The matmul dtype (bf16 autocast or float32) and why. bf16 only where the hardware does it well: CUDA
+    sm80+, and CPUs whose measured bf16 matmul is at least twice their fp32 one. That holds with AMX (a 2-core
+    Sapphire-Rapids-class Xeon: 2,016 against 340 GFLOP/s); without bf16 units (a 2-core AMD EPYC) a bf16
+    matmul was ~5x slower than fp32. On MPS float32 is the reliable choice."""
+    import torch
+    if device.type == "cuda":
+        if torch.cuda.get_device_capability()[0] >= 8:
+            return torch.bfloat16, "CUDA sm80+: bf16 tensor cores"
+        return torch.float32, "CUDA before sm80: no fast bf16"
+    if device.type == "cpu":
+        fp32, bf16 = peak_flops(device, torch.float32), peak_flops(device, torch.bfloat16)
+        verdict = (torch.bfloat16, "at least 2x") if bf16 >= 2 * fp32 else (torch.float32, "under 2x")
+        return verdict[0], f"CPU bf16 matmul {bf16 / 1e9:,.0f} GFLOP/s against fp32 {fp32 / 1e9:,.0f}: {verdict[1]}"
+    return torch.float32, f"{device.type}: float32 is the reliable choice"
+
+
+def pick_compile(device, wanted: bool = True):
+    """Whether torch.compile can run here, and why. Inductor builds C++ on CPUs, so it needs a compiler; MPS
+    support is incomplete. The harness points TORCHINDUCTOR_CACHE_DIR at a cache that outlives the run, so an
+    unchanged graph (most experiments change only constants) compiles in ~3 s instead of ~30 s on 2 cores."""
+    import shutil
+    if not wanted:
+        return False, "USE_COMPILE is off"
+    if device.type == "mps":
+        return False, "mps: inductor support is incomplete"
+    if device.type == "cpu":
+        compiler = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
+        if compiler is None:
+            return False, "no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels"
+        return True, f"inductor with {compiler}"
+    return True, "inductor"
+
+
+def load_flash_attention_3():
+    """FA3 from the `kernels` hub on Hopper; None (use SDPA) whenever it can't be had."""
+    import torch
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
+        return None
+    try:
+        from kernels import get_kernel
+        fa3 = get_kernel("varunneal/flash-attention-3").flash_attn_interface
+        q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
+        fa3.flash_attn_func(q, q, q, causal=True)  # prove it runs before relying on it
+        return fa3
+    except Exception as e:  # no network, no wheel for this torch, ...: fall back quietly
+        print(f"flash attention 3 unavailable ({type(e).__name__}); using PyTorch SDPA")
+        return None
+
+
+def peak_memory_gb(device) -> float:
+    import resource
+
+    import torch
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 1e9
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 1e9
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+    return rss / (1e9 if sys.platform == "darwin" else 1e6)
 
 # ---------------------------------------------------------------------------
 # Fingerprint and verification (DO NOT CHANGE)

@@ -6,11 +6,13 @@ hands the model to prepare.finish().
 
     python train.py
 
-Everything fixed (data, tokenizer, TIME_BUDGET, MAX_SEQ_LEN, the metric) comes
-from prepare.py. Hyperparameters are the constants right below: edit them
-directly. Each reads "cpu value if CPU else gpu value"; the profile was chosen
-when the data was prepared. Under the harness, val_bpb is measured by the
-harness on the exported model, not here: see the CONTRACT block at the end.
+Everything fixed comes from prepare.py: the data, tokenizer, TIME_BUDGET and
+MAX_SEQ_LEN, the metric, and the runtime (which device, dtype and compiler, and
+why; the seed; the step line and FAST_FAIL check the harness reads). What is
+here is research code: hyperparameters right below (edit them directly; "a if
+CPU else b" gives one value per profile, chosen when the data was prepared),
+then the model, the optimizer and the loop. Under the harness, val_bpb is
+measured by the harness on the exported model: see the CONTRACT block at the end.
 """
 
 import torch
@@ -20,20 +22,17 @@ import torch
 torch.set_flush_denormal(True)
 
 import gc
-import math
 import os
-import resource
 import sys
 import time
 from dataclasses import dataclass
 
-import shutil
-
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, finish, make_dataloader,
-                     peak_flops)
+from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, check_loss, finish,
+                     load_flash_attention_3, make_dataloader, peak_flops, peak_memory_gb, pick_compile, pick_device,
+                     pick_dtype, run_seed, step_line)
 
 # ---------------------------------------------------------------------------
 # Hyperparameters: edit these directly.
@@ -54,10 +53,10 @@ DEVICE_BATCH_SIZE = 16 if CPU else 128     # val_bpb 1.6195 +- 0.0030 vs 1.6285 
 EVAL_BATCH_SIZE = 16 if CPU else 32        # rows per forward of the exported model; on CPU 16 was the fastest (BENCHMARKS.md)
 
 # optimizer
-MATRIX_LR = 0.04 if CPU else 0.04          # Muon, for the 2D matrices of the blocks
-EMBEDDING_LR = 0.6 if CPU else 0.6         # AdamW, token and value embeddings
-UNEMBEDDING_LR = 0.004 if CPU else 0.004   # AdamW, lm_head
-SCALAR_LR = 0.5 if CPU else 0.5            # AdamW, per-layer scalars
+MATRIX_LR = 0.04                           # Muon, for the 2D matrices of the blocks
+EMBEDDING_LR = 0.6                         # AdamW, token and value embeddings
+UNEMBEDDING_LR = 0.004                     # AdamW, lm_head
+SCALAR_LR = 0.5                            # AdamW, per-layer scalars
 WEIGHT_DECAY = 0.0 if CPU else 0.2         # Muon's decoupled weight decay
 ADAM_BETAS = (0.8, 0.95)
 MUON_MOMENTUM = 0.95
@@ -96,21 +95,6 @@ def apply_rotary(x, cos, sin):
     d = x.size(-1) // 2
     x1, x2 = x[..., :d], x[..., d:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-def load_flash_attention_3():
-    """FA3 from the `kernels` hub on Hopper; None (use SDPA) whenever it can't be had."""
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        return None
-    try:
-        from kernels import get_kernel
-        fa3 = get_kernel("varunneal/flash-attention-3").flash_attn_interface
-        q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
-        fa3.flash_attn_func(q, q, q, causal=True)  # prove it runs before relying on it
-        return fa3
-    except Exception as e:  # no network, no wheel for this torch, ...: fall back quietly
-        print(f"flash attention 3 unavailable ({type(e).__name__}); using PyTorch SDPA")
-        return None
 
 
 FA3 = None  # set in main()
@@ -326,58 +310,6 @@ def lr_multiplier(progress: float) -> float:
     return cooldown + (1 - cooldown) * FINAL_LR_FRAC
 
 # ---------------------------------------------------------------------------
-# Device helpers: device, dtype, compile, memory (peak FLOP/s for MFU: prepare.peak_flops)
-# ---------------------------------------------------------------------------
-
-def pick_device():
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_dtype(device):
-    """The matmul dtype (bf16 autocast or float32) and why. bf16 only where the hardware does it well: CUDA
-    sm80+, and CPUs whose measured bf16 matmul is at least twice their fp32 one. That holds with AMX (a 2-core
-    Sapphire-Rapids-class Xeon: 2,016 against 340 GFLOP/s); without bf16 units (a 2-core AMD EPYC) a bf16
-    matmul was ~5x slower than fp32. On MPS float32 is the reliable choice."""
-    if device.type == "cuda":
-        if torch.cuda.get_device_capability()[0] >= 8:
-            return torch.bfloat16, "CUDA sm80+: bf16 tensor cores"
-        return torch.float32, "CUDA before sm80: no fast bf16"
-    if device.type == "cpu":
-        fp32, bf16 = peak_flops(device, torch.float32), peak_flops(device, torch.bfloat16)
-        verdict = (torch.bfloat16, "at least 2x") if bf16 >= 2 * fp32 else (torch.float32, "under 2x")
-        return verdict[0], f"CPU bf16 matmul {bf16 / 1e9:,.0f} GFLOP/s against fp32 {fp32 / 1e9:,.0f}: {verdict[1]}"
-    return torch.float32, f"{device.type}: float32 is the reliable choice"
-
-
-def pick_compile(device):
-    """Whether torch.compile can run here, and why. Inductor builds C++ on CPUs, so it needs a compiler; MPS
-    support is incomplete. The harness points TORCHINDUCTOR_CACHE_DIR at a cache that outlives the run, so an
-    unchanged graph (most experiments change only constants) compiles in ~3 s instead of ~30 s on 2 cores."""
-    if not USE_COMPILE:
-        return False, "USE_COMPILE is off"
-    if device.type == "mps":
-        return False, "mps: inductor support is incomplete"
-    if device.type == "cpu":
-        compiler = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
-        if compiler is None:
-            return False, "no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels"
-        return True, f"inductor with {compiler}"
-    return True, "inductor"
-
-
-def peak_memory_gb(device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 1e9
-    if device.type == "mps":
-        return torch.mps.driver_allocated_memory() / 1e9
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
-    return rss / (1e9 if sys.platform == "darwin" else 1e6)
-
-# ---------------------------------------------------------------------------
 # Training loop
 # ---------------------------------------------------------------------------
 
@@ -385,11 +317,11 @@ def peak_memory_gb(device) -> float:
 def main():
     global FA3
     t_start = time.time()
-    seed = int(os.environ.get("AUTORESEARCH_SEED", "42"))
+    seed = run_seed()
     torch.manual_seed(seed)
     device = pick_device()
     dtype, dtype_reason = pick_dtype(device)
-    compiled, compile_reason = pick_compile(device)
+    compiled, compile_reason = pick_compile(device, USE_COMPILE)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -449,9 +381,7 @@ def main():
         step_loss = loss_sum.item() / grad_accum  # the mean over micro-batches; .item() also syncs the device
         step += 1
         tokens += TOTAL_BATCH_SIZE
-        if not math.isfinite(step_loss) or step_loss > 100:
-            print(f"FAST_FAIL step={step} loss={step_loss} (NaN, infinite or above 100)", flush=True)
-            sys.exit(1)
+        check_loss(step, step_loss)
         now = time.time()
         elapsed = clock() - c0
         if step == 1:
@@ -460,8 +390,7 @@ def main():
             t_log, tokens_log = now, tokens
         if step == 1 or step % LOG_EVERY == 0:
             rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / max(now - t0, 1e-9)
-            print(f"step={step:6d} | loss={step_loss:.4f} | tok/s={rate:.0f} | mfu={100 * rate * flops_per_token / peak:.1f}% "
-                  f"| elapsed={elapsed:.0f}s | epoch={epoch}", flush=True)
+            print(step_line(step, step_loss, rate, 100 * rate * flops_per_token / peak, elapsed, epoch), flush=True)
             t_log, tokens_log = now, tokens
         if elapsed >= TIME_BUDGET:
             break

@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from autoresearch import git, guard, ledger, sandbox
+from autoresearch import git, guard, ledger, sandbox, state
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -62,7 +62,7 @@ def command_for(spec: str) -> list[str]:
 
 def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] = ()) -> str:
     from autoresearch import report
-    rows = ledger.read(repo / "results.tsv", tag)
+    rows = ledger.read(state.results(repo), tag)
     program = (repo / "program.md").read_text() if (repo / "program.md").exists() else ""
     lines = ["# autoresearch: you are the research agent, driven by `autoresearch loop`\n\nYour job: the lowest "
              "val_bpb a model trained by `train.py` reaches in a fixed time budget. `prepare.py` is the fixed half "

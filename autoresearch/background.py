@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import lock, run
+from autoresearch import lock, processes, state
 
 LOG_FILE = "detached.log"   # under STATE_DIR: the detached run's output
 RC_FILE = "detached.rc"     # under STATE_DIR: its exit status, written when it ends
@@ -29,22 +29,22 @@ START_S = 60.0              # seconds a detached run may take to take the lock (
 
 def detach(repo: Path, argv: list[str]) -> tuple[int, str]:
     """Start `autoresearch <argv>` in the background; (exit status, what to tell the user)."""
-    state = run.state_dir(repo)
-    state.mkdir(parents=True, exist_ok=True)
-    if lock.is_held(state):
-        raise lock.LockHeld(lock.describe_holder(state / lock.LOCK_NAME) + "; `autoresearch wait` returns when it "
+    where = state.state_dir(repo)
+    where.mkdir(parents=True, exist_ok=True)
+    if lock.is_held(where):
+        raise lock.LockHeld(lock.describe_holder(where / lock.LOCK_NAME) + "; `autoresearch wait` returns when it "
                             "ends")
-    log_path, rc_path = state / LOG_FILE, state / RC_FILE
+    log_path, rc_path = where / LOG_FILE, where / RC_FILE
     rc_path.unlink(missing_ok=True)
     with open(log_path, "w") as out:  # its own session: the caller's shell timeout cannot kill it
         proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *argv], cwd=repo, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1", **{RC_ENV: str(rc_path)}))
-    (state / PID_FILE).write_text(json.dumps(lock.identity(proc.pid)))
+    (where / PID_FILE).write_text(json.dumps(processes.identity(proc.pid)))
     deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline and not lock.is_held(state) and proc.poll() is None:
+    while time.monotonic() < deadline and not lock.is_held(where) and proc.poll() is None:
         time.sleep(0.2)
-    if proc.poll() is not None and not lock.is_held(state):  # it ended at once: an error, said now
+    if proc.poll() is not None and not lock.is_held(where):  # it ended at once: an error, said now
         return _status(rc_path), log_path.read_text(errors="replace").rstrip()
     return 0, (f"started in the background (pid {proc.pid}); its output goes to {log_path}. "
                f"`autoresearch wait` returns when it ends (or after {WAIT_S:.0f} s with exit status "
@@ -70,18 +70,18 @@ def _status(rc_path: Path) -> int:
 
 def wait(repo: Path, timeout: float = WAIT_S) -> tuple[int, str]:
     """Wait until no command holds the repository (a detached run, a loop); (exit status, what to tell)."""
-    state = run.state_dir(repo)
+    where = state.state_dir(repo)
     deadline = time.monotonic() + timeout
-    while lock.is_held(state):
+    while lock.is_held(where):
         if time.monotonic() >= deadline:
-            return STILL_RUNNING, (f"still running: {lock.holder(state / lock.LOCK_NAME)}; call "
+            return STILL_RUNNING, (f"still running: {lock.holder(where / lock.LOCK_NAME)}; call "
                                    "`autoresearch wait` again (`autoresearch status` shows its progress)")
         time.sleep(1.0)
-    log_path, rc_path = state / LOG_FILE, state / RC_FILE
+    log_path, rc_path = where / LOG_FILE, where / RC_FILE
     if not log_path.exists():
         return 0, "nothing is running"
     try:  # the lock is free a moment before the process writes its exit status and ends
-        detached = lock.same_process(json.loads((state / PID_FILE).read_text()))
+        detached = processes.same_process(json.loads((where / PID_FILE).read_text()))
     except (OSError, ValueError):
         detached = None
     while detached is not None and not rc_path.exists() and detached.is_running() and time.monotonic() < deadline + 10:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, git, ledger, run, sandbox
+from autoresearch import decide, errors, git, ledger, sandbox, state, tags
 
 
 def model_dir(repo: Path, row: ledger.Row) -> Path | None:
@@ -20,10 +20,10 @@ def model_dir(repo: Path, row: ledger.Row) -> Path | None:
     import json
 
     import prepare
-    run_dir = run.state_dir(repo) / "runs" / row.run_id
+    run_dir = state.run_dir(repo, row.run_id)
     candidates = [run_dir / sandbox.OUT_DIR]
     try:
-        candidates.append(Path(json.loads((run_dir / "evaluation.json").read_text())["worker_run_dir"]) /
+        candidates.append(Path(json.loads((run_dir / state.EVALUATION).read_text())["worker_run_dir"]) /
                           sandbox.OUT_DIR)
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -40,11 +40,11 @@ def kept_runs(repo: Path, rows: list[ledger.Row], config_id: str) -> list[ledger
 
 def best(repo: Path) -> str:
     import prepare
-    config = run.load_tag(repo)
-    rows = ledger.read(repo / "results.tsv", config["tag"])
+    config = tags.load_tag(repo)
+    rows = ledger.read(state.results(repo), config["tag"])
     champ = decide.champion(rows)
     if champ is None:
-        raise run.HarnessError(f"tag {config['tag']} has no kept run yet: the baseline comes first "
+        raise errors.HarnessError(f"tag {config['tag']} has no kept run yet: the baseline comes first "
                                "(`autoresearch status` shows what is running).")
     key = champ.key
     values = decide.samples(rows).get(key, [champ.val_bpb])
@@ -69,14 +69,14 @@ def best(repo: Path) -> str:
         lines.append("  exported model: not on this machine (removed by `autoresearch clean`, rows from another "
                      "clone, or kept by a Ray worker on another machine)")
     try:
-        diff = git.git(repo, "diff", "--stat", base, champ.commit, "--", run.EDITABLE)
+        diff = git.git(repo, "diff", "--stat", base, champ.commit, "--", state.EDITABLE)
     except git.GitError:
         return "\n".join(lines + [f"  train.py: commit {champ.commit} is not in this clone (recorded elsewhere)"])
     if champ.commit.startswith(base[:7]) or not diff:
         lines.append(f"  train.py: the tag's base ({base[:7]}), no change yet")
     else:
         lines += [f"  train.py against the tag's base ({base[:7]}): git diff {base[:7]} {champ.commit} -- train.py", ""]
-        lines.append(git.git(repo, "diff", base, champ.commit, "--", run.EDITABLE))
+        lines.append(git.git(repo, "diff", base, champ.commit, "--", state.EDITABLE))
     return "\n".join(lines)
 
 
@@ -92,29 +92,29 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
 
     from autoresearch import evaluate
     if tokens < 1 or not temperature >= 0:
-        raise run.HarnessError("--tokens must be at least 1 and --temperature at least 0 (0: the likeliest token).")
-    config = run.load_tag(repo)
-    rows = ledger.read(repo / "results.tsv", config["tag"])
+        raise errors.HarnessError("--tokens must be at least 1 and --temperature at least 0 (0: the likeliest token).")
+    config = tags.load_tag(repo)
+    rows = ledger.read(state.results(repo), config["tag"])
     if run_id is None:
         champ = decide.champion(rows)
         models = kept_runs(repo, rows, champ.key) if champ else []
         if not models:
-            raise run.HarnessError(f"tag {config['tag']} has no kept model on disk yet (`autoresearch best` says "
+            raise errors.HarnessError(f"tag {config['tag']} has no kept model on disk yet (`autoresearch best` says "
                                    "why); give one with --run RUN_ID.")
         run_id = models[0].run_id
     found = [model_dir(repo, r) for r in rows if r.run_id == run_id]
-    out = found[0] if found and found[0] else run.state_dir(repo) / "runs" / run_id / sandbox.OUT_DIR
+    out = found[0] if found and found[0] else state.run_dir(repo, run_id) / sandbox.OUT_DIR
     if not (out / prepare.GRAPH_FILE).is_file():
-        raise run.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
+        raise errors.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
     try:
         result = json.loads(evaluate.read_regular(out / prepare.RESULT_FILE, evaluate.RESULT_LIMIT))
     except (OSError, ValueError, evaluate.Unsafe) as e:
-        raise run.HarnessError(f"run {run_id} has no readable {prepare.RESULT_FILE} ({e}).") from None
+        raise errors.HarnessError(f"run {run_id} has no readable {prepare.RESULT_FILE} ({e}).") from None
     device = result["device"] if result["device"] == "cpu" or torch.cuda.is_available() else "cpu"
     try:
         module, shape = evaluate.load_program(prepare, out, device)
     except (evaluate.Refused, evaluate.Broken) as e:
-        raise run.HarnessError(f"run {run_id}'s model cannot be loaded: {e}") from None
+        raise errors.HarnessError(f"run {run_id}'s model cannot be loaded: {e}") from None
     batch, seq_len = shape
     tok = prepare.Tokenizer.from_directory()
     ids, vocab = tok.encode(prompt, prepend_bos=True), tok.get_vocab_size()

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import champion, compiled, decide, ledger, run, sandbox
+from autoresearch import champion, compiled, decide, ledger, sandbox, state
 
 
 @dataclass
@@ -34,10 +34,10 @@ def _size(path: Path) -> int:
 def plan(repo: Path) -> list[Item]:
     import prepare
 
-    rows = ledger.read(repo / "results.tsv", None, old_ok=True) if (repo / "results.tsv").exists() else []
-    tags = list(dict.fromkeys(r.tag for r in rows))
+    rows = ledger.read(state.results(repo), None, old_ok=True) if state.results(repo).exists() else []
+    names = list(dict.fromkeys(r.tag for r in rows))
     keep_models, keep_bases = set(), set()
-    for tag in tags:
+    for tag in names:
         mine = [r for r in rows if r.tag == tag]
         champ = decide.champion(mine)
         if champ is not None:
@@ -46,7 +46,7 @@ def plan(repo: Path) -> list[Item]:
             keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
     items = []
     for r in rows:
-        out = run.state_dir(repo) / "runs" / r.run_id / sandbox.OUT_DIR  # this clone's runs only (not a worker's)
+        out = state.run_dir(repo, r.run_id) / sandbox.OUT_DIR  # this clone's runs only (not a worker's)
         if r.status == "keep" and r.run_id not in keep_models:
             for name in (prepare.GRAPH_FILE, prepare.TENSORS_FILE):
                 if (out / name).is_file():

@@ -39,11 +39,11 @@ def _status(repo: Path) -> str:
     """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
     import json
 
-    from autoresearch import git, ledger, lock, run
+    from autoresearch import git, ledger, lock, recovery, state, tags
 
-    config = run.load_tag(repo)
+    config = tags.load_tag(repo)
     damaged = []
-    rows = ledger.read(repo / "results.tsv", config["tag"], damaged=damaged)
+    rows = ledger.read(state.results(repo), config["tag"], damaged=damaged)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     from autoresearch import dashboard, machine, report
     hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
@@ -54,15 +54,15 @@ def _status(repo: Path) -> str:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
                      f"{f'[{r.worker}] ' if r.worker else ''}{r.description}"
                      + (f"  ({r.decision})" if r.decision and r.decision != "interrupted" else ""))
-    pending = run.read_pending(repo)
+    pending = recovery.read_pending(repo)
     if pending is not None:
-        if lock.is_held(run.state_dir(repo)):
+        if lock.is_held(state.state_dir(repo)):
             lines.append(f"in flight: {pending['description']} (run {pending['run_id']}, started {pending['started']})")
         else:
             lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
                          "next `autoresearch run` or `loop` records it and puts the branch back")
-    alive = lock.is_held(run.state_dir(repo))
-    waiting = run.state_dir(repo) / run.WAITING_FILE
+    alive = lock.is_held(state.state_dir(repo))
+    waiting = state.waiting_file(repo)
     if alive and waiting.exists():
         try:
             lines.append(json.loads(waiting.read_text())["text"])
@@ -158,17 +158,17 @@ def main(argv=None) -> int:
 
 
 def _checked(args) -> int:
-    from autoresearch import agents, git, ledger, load, lock, run
+    from autoresearch import agents, errors, git, ledger, lock, machine_load
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
         check_environment()
         return _command(args)
-    except (run.Refused, run.MachineBusy) as e:
+    except (errors.Refused, errors.MachineBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return FAILED
-    except (run.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
-            lock.LockHeld, DashboardError, load.Settings) as e:
+    except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
+            lock.LockHeld, DashboardError, machine_load.Settings) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
@@ -179,20 +179,20 @@ def _checked(args) -> int:
 def check_environment() -> None:
     """Every AUTORESEARCH_* setting, checked before any command does anything: a malformed one is a usage error
     naming the variable, not a failure at the next run."""
-    from autoresearch import load, run
-    run.current_budget()
-    run.current_clock()
-    run.compile_cache_mode()
-    load.check_settings()
+    from autoresearch import fixed, machine_load, tags
+    fixed.budget()
+    fixed.clock()
+    tags.compile_cache_mode()
+    machine_load.check_settings()
 
 
 def _command(args) -> int:
-    from autoresearch import background, lock, run
+    from autoresearch import background, lock, state, tags
     if args.command == "report":
         from autoresearch import report
         print(report.main(args))
         return OK
-    repo = run.repo_root()
+    repo = tags.repo_root()
     if args.command == "dashboard":
         from autoresearch import dashboard
         server = dashboard.serve(repo, args.host, args.port)
@@ -208,7 +208,7 @@ def _command(args) -> int:
         print(text, file=sys.stdout if code == OK else sys.stderr)
         return code
     if args.command in ("setup", "run", "loop"):
-        with lock.RepoLock(run.state_dir(repo), f"autoresearch {args.command}"):
+        with lock.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
             return _change_state(repo, args)
     if args.command == "wait":
         code, text = background.wait(repo, args.timeout)
@@ -216,13 +216,13 @@ def _command(args) -> int:
         return code
     if args.command == "stop":
         from autoresearch import dashboard
-        held, holder = lock.is_held(run.state_dir(repo)), lock.holder(run.state_dir(repo) / lock.LOCK_NAME)
+        held, holder = lock.is_held(state.state_dir(repo)), lock.holder(state.state_dir(repo) / lock.LOCK_NAME)
         if not held or "autoresearch loop" not in holder:
             print("no loop is running here; nothing to stop" + (
                 f" ({holder} ends after its experiment anyway)" if held else ""))
             return OK
-        dashboard.stop_path(repo).parent.mkdir(parents=True, exist_ok=True)
-        dashboard.stop_path(repo).touch()
+        state.stop_file(repo).parent.mkdir(parents=True, exist_ok=True)
+        state.stop_file(repo).touch()
         print(f"asked {holder} to stop after the experiment in flight "
               "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
         return OK
@@ -239,7 +239,7 @@ def _command(args) -> int:
         if not args.yes:
             print(clean.text(clean.plan(repo), deleted=False))
             return OK
-        with lock.RepoLock(run.state_dir(repo), "autoresearch clean"):  # never under a running loop
+        with lock.RepoLock(state.state_dir(repo), "autoresearch clean"):  # never under a running loop
             items = clean.plan(repo)
             clean.delete(items)
         print(clean.text(items, deleted=True))
@@ -248,8 +248,8 @@ def _command(args) -> int:
         import json
 
         from autoresearch import dashboard
-        config = run.load_tag(repo)
-        print(json.dumps(dashboard.facts(repo / "results.tsv", repo, config["tag"]), indent=1))
+        config = tags.load_tag(repo)
+        print(json.dumps(dashboard.facts(state.results(repo), repo, config["tag"]), indent=1))
     elif args.command == "status":
         print(_status(repo))
     return OK
@@ -257,20 +257,24 @@ def _command(args) -> int:
 
 def _change_state(repo: Path, args) -> int:
     """setup, run and loop: called with the repository's lock held."""
-    from autoresearch import run
+    from autoresearch import run, state, tags
     if args.command == "setup":
-        config = run.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
-        print(f"on branch {config['branch']}; results go to {repo / 'results.tsv'}")
+        config = tags.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
+        print(f"on branch {config['branch']}; results go to {state.results(repo)}")
         print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s, protection "
               f"{config['protection']}, decision {config['decision']}, {config['allowance_s']:g} s allowed outside "
               f"the budget")
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         return OK
     if args.command == "run":
-        outcomes = run.experiment(repo, args.message, rule=args.decision, seed=args.seed, timeout=args.timeout,
+        outcomes = run.run_series(repo, args.message, rule=args.decision, seed=args.seed, timeout=args.timeout,
                                   sandbox_mode=args.sandbox, on_outcome=lambda o: print(run.summary(o), flush=True))
         return FAILED if outcomes[-1].row.status in ("crash", "refused") else OK
     from autoresearch import loop
+    loop.ensure_data()
+    if loop.parallel(args):
+        from autoresearch import cluster
+        return cluster.main(repo, args)
     return loop.main(repo, args)
 
 

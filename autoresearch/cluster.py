@@ -1,90 +1,31 @@
 """`autoresearch loop --workers N` / `--ray-address ADDR`: experiments side by side on Ray workers.
 
-One driver (this process, holding the repository's lock) owns the truth:
-- only it writes results.tsv and moves the tag's branch. A candidate travels to a worker as its train.py, its
-  parent commit and its seed; the driver records it as a commit object off its parent (git.commit_with), and
-  only a keep moves the branch: fast-forward when the branch is still on the parent, else a new commit of the
-  kept train.py on top of the branch. So the branch is only ever on a kept commit, and stays linear;
-- it holds the proposer (the built-in one: Optuna TPE with constant_liar, the runs in flight as running
-  trials; or one external agent per worker, each in its own working copy) and the decision rule. A candidate's
-  confirmation repeat goes to the next free worker before any new proposal; one repeat of a candidate is in
-  flight at a time, so the rule looks at its runs in order exactly as `autoresearch run` does. The baseline's
-  runs go out side by side;
-- before a run is dispatched it is written to .autoresearch/inflight/<run_id>.json. A driver killed at any
-  moment takes its workers with it (Ray ends the actors of a dead driver, and trainings die with their worker:
-  lock.tied_to_parent), and the next `autoresearch loop` or `run` records each unrecorded run as interrupted
-  (run.recover_inflight). A worker killed mid-run, or a node leaving the cluster, surfaces here as an
-  ActorDiedError: the run is recorded as interrupted, a replacement worker is started, the others go on.
-
-Workers (worker.py) are identical by construction: same device type, same threads per run (the tag records
-them; a tag never mixes two), checked against the tag's fingerprint and hardware when they join.
+This module starts (or joins) the Ray runtime and sizes the workers; driver.py runs the night on them, with the
+scheduler and the recorder `autoresearch run` uses (schedule.py, record.py), and worker.py executes each run.
+See docs/parallel.md.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoresearch import agents, decide, git, ledger, machine, run
-from autoresearch.worker import Worker, workers_dir
-
-JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
-JOIN_WAIT = 30          # seconds the loop waits for all its workers before it starts with those that joined
-NO_WORKER_TIMEOUT = 300  # seconds the loop waits for a replacement when every worker is gone
-
-
-@dataclass
-class Job:
-    """One run dispatched to a worker; its JSON in inflight/ is what recovery records if it never returns."""
-    run_id: str
-    tag: str
-    commit: str        # the commit recorded for it (a candidate's commit object, or the champion's)
-    parent: str
-    config: str        # git blob of its train.py
-    description: str
-    seed: int
-    repeat: int
-    run_no: int        # its place in its series (1 for a candidate's first run)
-    test_threshold: float | None
-    worker: str
-    host: str
-    device: str
-    protection: str
-    started: str
-    source: str = ""   # train.py; not written to inflight/
-    champion: str = ""  # the champion's configuration: the run starts from its compile cache (compiled.py)
-    champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
-
-
-def keep_on_branch(repo: Path, job: Job) -> str:
-    """Move the branch to a kept candidate: its own commit when the branch is still on its parent, else a new
-    commit of its train.py on top of the branch (a candidate kept after another one was). The commit."""
-    head = git.head(repo)
-    target = job.commit if head == job.parent else git.commit_with(repo, head, run.EDITABLE, job.source,
-                                                                    job.description)
-    git.reset_to(repo, target, run.EDITABLE)
-    return target
-
-
-class Stop(Exception):
-    """The loop cannot go on; the message says why."""
+from autoresearch import agents, errors, git, machine, recovery, tags
+from autoresearch.driver import Driver, Stop
 
 
 def plan(args, hw: dict, tag_threads: int | None) -> tuple[int | None, int]:
     """(workers, threads per worker) for a local runtime or a cluster; None workers: as many as fit."""
     workers = args.workers
     if workers is not None and workers < 1:
-        raise run.HarnessError(f"--workers {workers}: give at least 1.")
+        raise errors.HarnessError(f"--workers {workers}: give at least 1.")
     threads = args.threads or tag_threads
     if threads is None:
         devices = len(machine.gpu_names()) if hw["device"] == "cuda" else hw["cores"]
         threads = max(1, hw["cores"] // (workers or devices))
     if threads < 1:
-        raise run.HarnessError(f"--threads {threads}: give at least 1.")
+        raise errors.HarnessError(f"--threads {threads}: give at least 1.")
     return workers, threads
 
 
@@ -98,7 +39,7 @@ def reachable(address: str, timeout: float = 10.0) -> None:
         with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
             pass
     except (OSError, ValueError) as e:
-        raise run.HarnessError(f"no Ray cluster answers at {address} ({e}). Start one with `ray start --head` "
+        raise errors.HarnessError(f"no Ray cluster answers at {address} ({e}). Start one with `ray start --head` "
                                "(docs/parallel.md) and give the address it prints, or drop "
                                "--ray-address/RAY_ADDRESS for a local runtime.") from None
 
@@ -108,7 +49,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
     try:
         import ray
     except ImportError:
-        raise run.HarnessError("--workers needs Ray: `pip install -e .` installs it (it is a dependency).") from None
+        raise errors.HarnessError("--workers needs Ray: `pip install -e .` installs it (it is a dependency).") from None
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                  configure_logging=True)
     if address:
@@ -116,7 +57,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
         try:
             ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
-            raise run.HarnessError(
+            raise errors.HarnessError(
                 f"cannot join the Ray cluster at {address} ({str(e).splitlines()[0]}). A head started by `ray start "
                 "--head` requires its token (Ray 2.59 and later): set RAY_AUTH_MODE=token here and give this machine "
                 "the head's token (`ray get-auth-token` on the head prints it; put it in ~/.ray/auth_token or "
@@ -127,7 +68,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
         workers = workers or fit
         if workers > fit or workers < 1:
             ray.shutdown()
-            raise run.HarnessError(f"the cluster at {address} has room for {fit} worker(s) of {threads} thread(s)"
+            raise errors.HarnessError(f"the cluster at {address} has room for {fit} worker(s) of {threads} thread(s)"
                                    f"{' and one GPU' if gpu else ''} ({resources.get('CPU', 0):g} CPUs, "
                                    f"{resources.get('GPU', 0):g} GPUs), not {workers}. Use --workers {max(fit, 1)} "
                                    "or --threads, or add machines.")
@@ -136,360 +77,34 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
     gpus = len(machine.gpu_names()) if gpu else 0
     workers = workers or (gpus if gpu else max(1, hw["cores"] // threads))
     if workers * threads > hw["cores"]:
-        raise run.HarnessError(f"{workers} workers of {threads} thread(s) need {workers * threads} cores; this "
+        raise errors.HarnessError(f"{workers} workers of {threads} thread(s) need {workers * threads} cores; this "
                                f"machine has {hw['cores']}. Use fewer workers (--workers {hw['cores'] // threads}) or "
                                "fewer threads each (--threads), or join a cluster (--ray-address).")
     if gpu and workers > gpus:
-        raise run.HarnessError(f"{workers} workers need a GPU each; this machine has {gpus}. Use --workers {gpus}.")
+        raise errors.HarnessError(f"{workers} workers need a GPU each; this machine has {gpus}. Use --workers {gpus}.")
     ray.init(num_cpus=workers * threads, num_gpus=gpus, **quiet)
     return ray, workers, gpu
 
 
-class Driver:
-    def __init__(self, repo: Path, config: dict, args, ray, gpu: bool, log=print):
-        self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
-        self.rule = args.decision or config.get("decision") or "stat"
-        pins = run.pin_problems(config, "bwrap" if config.get("protection") == "bwrap" else "none", self.rule, None)
-        if pins:
-            raise run.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
-        self.results = repo / "results.tsv"
-        self.threads = run.tag_threads(config)
-        self.actor_class = ray.remote(Worker).options(
-            num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0, scheduling_strategy="SPREAD")
-        self.workers: dict[str, tuple] = {}   # name -> (actor, join info)
-        self.free: list[str] = []
-        self.joining: dict = {}                # join ref -> (name, actor, since)
-        self.running: dict = {}                # run ref -> Job
-        self.proposing: dict = {}              # future -> worker name
-        self.count = 0
-        self.started = 0                       # experiments begun by this loop (the baseline counts once)
-        self.failures = 0
-        self.stopping = False
-        self.deadline = time.time() + args.hours * 3600 if args.hours else None
-        self.agents: dict[str, object] = {}
-        if args.agent == "builtin":
-            import prepare
-            from autoresearch.proposer import BuiltinProposer
-            manifest = prepare.require_manifest()
-            self.proposer = BuiltinProposer(repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent == "builtin" else 64)
-
-    # --- workers -------------------------------------------------------------------------------------
-
-    def spawn(self, n: int) -> None:
-        for _ in range(n):
-            self.count += 1
-            name = f"w{self.count}"
-            actor = self.actor_class.remote(str(self.repo), self.config, name,
-                                            self.args.sandbox or run.tag_sandbox_mode(self.config))
-            self.joining[actor.join.remote()] = (name, actor, time.time())
-
-    def joined(self, ref) -> None:
-        name, actor, _ = self.joining.pop(ref)
-        try:
-            info = self.ray.get(ref)
-        except self.ray.exceptions.RayError as e:
-            info = {"error": _short(e), "host": "?"}
-        if "error" in info:
-            self.log(f"worker {name} on {info.get('host', '?')} did not join: {info['error']}")
-            self.ray.kill(actor)
-            return
-        self.workers[name] = (actor, info)
-        self.free.append(name)
-        self.log(f"worker {name} joined on {info['host']}: {info['device']}, training protected by "
-                 f"{info['protection']}, working copy {info['copy']}")
-
-    def lost(self, name: str) -> None:
-        actor, _ = self.workers.pop(name)
-        self.ray.kill(actor)
-        if name in self.free:
-            self.free.remove(name)
-        self.spawn(1)  # a replacement, wherever the cluster has room; it joins when it can
-
-    # --- what to run next -----------------------------------------------------------------------------
-
-    def in_flight(self, config_id: str) -> int:
-        return sum(job.config == config_id for job in self.running.values())
-
-    def may_begin(self) -> bool:
-        limit = self.args.max_experiments
-        return ((limit is None or self.started < limit) and (self.deadline is None or time.time() < self.deadline)
-                and not self.stopping)
-
-    def next_job(self, rows: list[ledger.Row], name: str):
-        """A Job for worker `name`, "propose" when a new candidate is due, or None when nothing is."""
-        for series in decide.open_serieses(rows):
-            busy = self.in_flight(series.config)
-            if series.kind == "baseline" and series.runs + busy < decide.BASELINE_RUNS:
-                return self.repeat_job(rows, series.commit, series.description, series.runs + busy + 1, name)
-            if series.kind == "candidate" and not busy:
-                return self.repeat_job(rows, series.commit, series.description, series.runs + 1, name)
-        if not any(r.status == "keep" for r in rows):  # no baseline yet, or it crashed: run it (again)
-            head = git.head(self.repo)
-            base_config = run._config_of(self.repo, head)
-            tries = sum(r.description.startswith("baseline") and r.status == "crash" and not decide.is_interruption(r)
-                        for r in rows)
-            if tries >= 3:
-                if not self.running:
-                    raise Stop(f"the baseline crashed {tries} times (see `autoresearch status` and the run logs): fix "
-                               "train.py on the branch's base commit, or the machine, then run the loop again")
-                return None
-            busy = self.in_flight(base_config)
-            if busy >= (decide.BASELINE_RUNS if self.rule == "stat" else 1) or (busy == 0 and not self.may_begin()):
-                return None
-            if busy == 0:
-                self.started += 1
-            description = ("baseline" if not tries else f"baseline (try {tries + 1})") + (
-                f"{decide.REPEAT_MARK}{busy + 1}]" if busy else "")
-            return self.job(rows, head, head, git.git(self.repo, "show", f"{head}:{run.EDITABLE}", strip=False),
-                            description, busy + 1, name)
-        if any(s.kind == "baseline" for s in decide.open_serieses(rows)):
-            return None  # its last runs are in flight: candidates wait for the champion's mean
-        return "propose" if self.may_begin() else None
-
-    def repeat_job(self, rows, commit: str, description: str, run_no: int, name: str) -> Job:
-        full = git.git(self.repo, "rev-parse", commit)
-        parent = git.git(self.repo, "rev-parse", f"{full}^", check=False) or full
-        source = git.git(self.repo, "show", f"{full}:{run.EDITABLE}", strip=False)
-        return self.job(rows, full, parent, source, f"{description}{decide.REPEAT_MARK}{run_no}]", run_no, name)
-
-    def job(self, rows, commit: str, parent: str, source: str, description: str, run_no: int, name: str) -> Job:
-        config_id = run._config_of(self.repo, commit)
-        repeat = sum(r.config == config_id for r in rows if r.status != "refused") + self.in_flight(config_id) + 1
-        seed = 42 + len(rows) + len(self.running) if self.rule == "stat" else 42
-        info = self.workers[name][1]
-        champion = run.last_kept_commit(self.repo, self.config, rows)
-        return Job(run.new_run_id(), self.config["tag"], commit, parent, config_id, description, seed, repeat, run_no,
-                   run.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
-                   info["protection"], run._now(), source, run._config_of(self.repo, champion),
-                   git.git(self.repo, "show", f"{champion}:{run.EDITABLE}", strip=False))
-
-    def propose(self, name: str, rows) -> None:
-        head = git.head(self.repo)
-        source = git.git(self.repo, "show", f"{head}:{run.EDITABLE}", strip=False)
-        running = [job.source for job in self.running.values()]
-        self.started += 1
-        future = self.pool.submit(self._proposal, name, head, source, running,
-                                  [job.description for job in self.running.values()])
-        self.proposing[future] = name
-        if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
-            concurrent.futures.wait([future])
-            self.proposed(future)
-
-    def _proposal(self, name: str, head: str, source: str, running: list[str],
-                  descriptions: list[str]) -> tuple[str, str, str]:
-        """(parent, new train.py, description), in a thread: external agents think side by side."""
-        if self.args.agent == "builtin":
-            new_source, description = self.proposer.propose_source(source, running)
-            return head, new_source, description
-        agent = self.agents.get(name)
-        if agent is None:
-            workdir = workers_dir(self.config["tag"], self.repo) / f"agent-{name}"
-            if not (workdir / ".git").exists():
-                workdir.parent.mkdir(parents=True, exist_ok=True)
-                git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
-            agent = self.agents[name] = agents.ExternalAgent(self.repo, self.config["tag"], self.args.agent,
-                                                             self.args.agent_timeout, workdir)
-        git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
-        git.git(agent.workdir, "clean", "-q", "-f", "-d")
-        description = agent.propose({"in_flight": descriptions})
-        return head, (agent.workdir / run.EDITABLE).read_text(), description
-
-    def proposed(self, future) -> None:
-        name = self.proposing.pop(future)
-        try:
-            parent, source, description = future.result()
-        except (agents.AgentError, RuntimeError, git.GitError, OSError) as e:
-            self.started -= 1
-            self.failures += 1
-            self.log(f"agent failed to propose ({e})")
-            if self.failures >= 3:
-                raise Stop("three failed proposals in a row: stopping") from None
-            self.free.append(name)
-            return
-        self.failures = 0
-        if name not in self.workers:  # its worker died meanwhile: the proposal waits for the next free one
-            name = self.free.pop(0) if self.free else None
-            if name is None:
-                self.started -= 1
-                return
-        description = " ".join(description.split()) or "(no description)"
-        commit = git.commit_with(self.repo, parent, run.EDITABLE, source, description)
-        self.dispatch(self.job(ledger.read(self.results, self.config["tag"]), commit, parent, source, description, 1,
-                               name))
-
-    def dispatch(self, job: Job) -> None:
-        record = {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source")}
-        run._atomic_json(run.state_dir(self.repo) / run.INFLIGHT_DIR / f"{job.run_id}.json", record)
-        actor = self.workers[job.worker][0]
-        self.running[actor.run.remote(asdict(job))] = job
-        self.log(f"   {job.worker}: {job.description}")
-
-    # --- results ----------------------------------------------------------------------------------------
-
-    def finished(self, ref) -> None:
-        job = self.running.pop(ref)
-        inflight = run.state_dir(self.repo) / run.INFLIGHT_DIR / f"{job.run_id}.json"
-        try:
-            res = self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as e:  # the worker is alive; its harness code failed
-            row = run.interrupted_row(self.config, asdict(job), f"{job.worker} failed: {_short(e)}")
-            row.decision = ""
-            self.record(row, inflight)
-            self.free.append(job.worker)
-            return
-        except self.ray.exceptions.RayError as e:  # the worker died: killed, out of memory, its node left
-            self.record(run.interrupted_row(self.config, asdict(job), f"worker {job.worker} on {job.host} died: "
-                                            f"{_short(e)}"), inflight)
-            if job.worker in self.workers:
-                self.lost(job.worker)
-            return
-        rows = ledger.read(self.results, self.config["tag"])
-        ex = run.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
-                           run.Training(**res["training"]))
-        row = run.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), job.commit,
-                             job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
-                             worker=res["worker"], host=res["host"], device=res["device"])
-        run_dir = run.state_dir(self.repo) / "runs" / job.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log_text = res["log"]
-        if ex.status == "ok":
-            log_text += run.prepare_contract().final_line(row.val_bpb, row.memory_gb, row.steps) + "\n"
-            run._atomic_json(run_dir / "evaluation.json", dict(ex.evaluation, worker_run_dir=res["run_dir"]))
-        (run_dir / "run.log").write_text(log_text)
-        if row.status == "keep" and job.config != self._branch_config():
-            row.commit = keep_on_branch(self.repo, job)[:7]
-        self.record(row, inflight)
-        run.publish_log(self.repo, run_dir / "run.log")
-        if res.get("retire"):
-            self.log(f"worker {job.worker} on {job.host} no longer matches the tag: replaced")
-            self.lost(job.worker)
-            return
-        self.free.append(job.worker)
-        agent = self.agents.get(job.worker)
-        if agent is not None:
-            agent.observe(run.Outcome(row, None, "\n".join(log_text.splitlines()[-50:]), run_dir, ex.result,
-                                      ex.evaluation))
-
-    def _branch_config(self) -> str:
-        return run._config_of(self.repo, git.head(self.repo))
-
-
-    def record(self, row: ledger.Row, inflight: Path) -> None:
-        ledger.append(self.results, row)
-        inflight.unlink(missing_ok=True)
-        n = len(ledger.read(self.results, self.config["tag"]))
-        from autoresearch import loop
-        self.log(loop.line(n, row))
-
-    # --- the loop -------------------------------------------------------------------------------------
-
-    def main(self, workers: int) -> int:
-        from autoresearch import loop
-        self.spawn(workers)
-        start = time.time()
-        # All of them, or after JOIN_WAIT s whoever is there (the others join when the cluster has room)
-        while self.joining and (not self.workers or time.time() - start < JOIN_WAIT):
-            ready, _ = self.ray.wait(list(self.joining), num_returns=1, timeout=1)
-            for ref in ready:
-                self.joined(ref)
-            if time.time() - start > JOIN_TIMEOUT and not self.workers:
-                raise Stop(f"no worker joined within {JOIN_TIMEOUT} s: see the messages above")
-        if not self.workers:
-            raise Stop("no worker could join (see above); fix those machines and run the loop again")
-        self.log(f"loop on {self.config['branch']} with {len(self.workers)} worker(s) of {self.threads} thread(s) "
-                 f"each, agent {self.args.agent}; Ctrl-C stops and records the runs in flight as interrupted")
-        idle_since = None
-        stop = loop.dashboard_stop(self.repo)
-        try:
-            while True:
-                if not self.stopping and stop():
-                    self.log("asked to stop from the dashboard: no new experiments; the runs in flight finish")
-                    self.stopping = True
-                rows = ledger.read(self.results, self.config["tag"])
-                while self.free:
-                    what = self.next_job(rows, self.free[0])
-                    if what is None:
-                        break
-                    name = self.free.pop(0)
-                    if what == "propose":
-                        self.propose(name, rows)
-                    else:
-                        self.dispatch(what)
-                    rows = ledger.read(self.results, self.config["tag"])
-                if not self.running and not self.proposing:
-                    if self.workers or not self.joining:
-                        return 0
-                    idle_since = idle_since or time.time()
-                    if time.time() - idle_since > NO_WORKER_TIMEOUT:
-                        raise Stop(f"every worker is gone and none rejoined within {NO_WORKER_TIMEOUT} s")
-                else:
-                    idle_since = None
-                refs = list(self.running) + list(self.joining)
-                ready, _ = self.ray.wait(refs, num_returns=1, timeout=0.5) if refs else ([], [])
-                for ref in ready:
-                    if ref in self.joining:
-                        self.joined(ref)
-                    else:
-                        self.finished(ref)
-                for future in [f for f in self.proposing if f.done()]:
-                    self.proposed(future)
-                if not refs:
-                    time.sleep(0.2)
-        except KeyboardInterrupt:
-            self.interrupt("interrupted by Ctrl-C")
-            self.log("stopped; the runs in flight are recorded as interrupted")
-            return 130
-        except BaseException:
-            self.interrupt("the driver stopped on an error")
-            raise
-
-    def interrupt(self, reason: str) -> None:
-        """Record every run in flight as interrupted and stop every worker and agent."""
-        for agent in self.agents.values():
-            agent.stop()
-        for job in self.running.values():
-            inflight = run.state_dir(self.repo) / run.INFLIGHT_DIR / f"{job.run_id}.json"
-            ledger.append(self.results, run.interrupted_row(self.config, asdict(job), reason))
-            inflight.unlink(missing_ok=True)
-        self.running.clear()
-
-    def close(self) -> None:
-        for actor, _ in self.workers.values():
-            self.ray.kill(actor)
-        for _, actor, _ in self.joining.values():
-            self.ray.kill(actor)
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _short(e: BaseException) -> str:
-    text = str(e)
-    if "node has died" in text or "node was" in text:
-        return "its node left the cluster"
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(e).__name__
-
-
 def main(repo: Path, args, log=print) -> int:
-    """The parallel loop (loop.main has prepared the data; the lock is held)."""
-    from autoresearch import loop
+    """The parallel loop (the CLI has prepared the data and holds the lock)."""
     if args.agent != "builtin":
         agents.command_for(args.agent)
     if git.changed_files(repo):
-        raise run.HarnessError("uncommitted changes in " + ", ".join(git.changed_files(repo)[:5]) + ": the driver's "
+        raise errors.HarnessError("uncommitted changes in " + ", ".join(git.changed_files(repo)[:5]) + ": the driver's "
                                "work tree holds the champion while workers run candidates. Commit or stash them.")
     hw = machine.hardware()
-    existing = loop.existing_tag(repo, args.tag)
-    workers, threads = plan(args, hw, run.tag_threads(existing) if existing else None)
-    if existing and run.tag_threads(existing) != threads:
-        raise run.HarnessError(f"tag {existing['tag']} runs every experiment with {run.tag_threads(existing)} "
+    existing = tags.existing(repo, args.tag)
+    workers, threads = plan(args, hw, tags.threads_per_run(existing) if existing else None)
+    if existing and tags.threads_per_run(existing) != threads:
+        raise errors.HarnessError(f"tag {existing['tag']} runs every experiment with {tags.threads_per_run(existing)} "
                                f"thread(s), and rows with other resources are never compared: use --threads "
-                               f"{run.tag_threads(existing)}, or a new tag (--tag NEWTAG).")
+                               f"{tags.threads_per_run(existing)}, or a new tag (--tag NEWTAG).")
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     ray, workers, gpu = start_ray(address, workers, threads, hw, log)
     try:
-        config = loop.ensure_tag(repo, args.tag, log, threads=threads, sandbox_mode=args.sandbox, rule=args.decision)
-        run.recover(repo, log, parallel=True)
+        config = tags.ensure(repo, args.tag, log, threads=threads, sandbox_mode=args.sandbox, rule=args.decision)
+        recovery.recover(repo, log, parallel=True)
         driver = Driver(repo, config, args, ray, gpu, log)
         try:
             return driver.main(workers)

@@ -16,19 +16,13 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, git, ledger, machine, run
+from autoresearch import decide, errors, fixed, git, ledger, machine, recovery, state, tags
 
-STOP_FILE = "stop"     # under run.STATE_DIR
 PAGE = Path(__file__).with_name("dashboard.html")
-STEP_LINE = re.compile(r"step=\s*(\d+) \| loss=([\d.naninf+-]+) \| tok/s=(\d+) \| mfu=([\d.]+)% \| elapsed=(\d+)s")
 
 
 class DashboardError(RuntimeError):
     pass
-
-
-def stop_path(repo: Path) -> Path:
-    return run.state_dir(repo) / STOP_FILE
 
 
 def plotly_js() -> str:
@@ -41,8 +35,8 @@ def plotly_js() -> str:
 def parse_log(text: str) -> dict:
     """A training log's curve and its latest tok/s, MFU and elapsed seconds."""
     curve, last = [], None
-    for m in STEP_LINE.finditer(text):
-        step, loss, tok, mfu, elapsed = m.groups()
+    for m in fixed.contract().STEP_RE.finditer(text):
+        step, loss, tok, mfu, elapsed = m["step"], m["loss"], m["tok_per_sec"], m["mfu"], m["elapsed"]
         try:
             curve.append([int(step), float(loss), int(elapsed)])
         except ValueError:
@@ -56,18 +50,18 @@ def in_flight(repo: Path) -> list[dict]:
     dispatched runs (their logs are on the workers)."""
     out = []
     try:
-        pending = run.read_pending(repo)
-    except run.HarnessError:
+        pending = recovery.read_pending(repo)
+    except errors.HarnessError:
         pending = None
     if pending is not None:
-        log = run.state_dir(repo) / "runs" / pending["run_id"] / "run.log"
+        log = state.run_dir(repo, pending["run_id"]) / state.RUN_LOG
         try:
             text = log.read_text(errors="replace")
         except OSError:
             text = ""
         out.append(dict({k: pending.get(k) for k in ("run_id", "tag", "description", "started")}, worker="",
                         **parse_log(text)))
-    for path in sorted((run.state_dir(repo) / run.INFLIGHT_DIR).glob("*.json")):
+    for path in sorted(state.inflight_dir(repo).glob("*.json")):
         try:
             job = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -75,7 +69,7 @@ def in_flight(repo: Path) -> list[dict]:
         entry = {k: job.get(k) for k in ("run_id", "tag", "description", "started", "worker", "host")}
         try:  # a worker on this machine: its log is in its working copy (worker.py)
             from autoresearch.worker import workers_dir
-            log = workers_dir(job["tag"], repo) / job["worker"] / run.STATE_DIR / "runs" / job["run_id"] / "run.log"
+            log = state.run_dir(workers_dir(job["tag"], repo) / job["worker"], job["run_id"]) / state.RUN_LOG
             entry.update(parse_log(log.read_text(errors="replace")))
         except (OSError, KeyError, TypeError):
             pass  # on another machine
@@ -124,7 +118,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
         "budget_s": config.get("budget_s") if config else (rows[0].budget_s if rows else None),
         "clock": config.get("clock", "wall") if config else (rows[0].clock if rows else None),
         "hardware": machine.describe(config["hardware"]) if config and "hardware" in config else None,
-        "threads": run.tag_threads(config) if config else None,
+        "threads": tags.threads_per_run(config) if config else None,
         "champion": champion,
         "flagged": [{"run_id": r.run_id, "commit": r.commit, "status": r.status, "flags": r.flags}
                     for r in rows if r.flags],
@@ -144,7 +138,7 @@ def _tag_configs(repo: Path | None) -> dict[str, dict]:
     out = {}
     if repo is None:
         return out
-    for path in sorted((run.state_dir(repo) / "tags").glob("*.json")):
+    for path in sorted(state.tags_dir(repo).glob("*.json")):
         try:
             out[path.stem] = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -162,21 +156,21 @@ def facts(path: Path, repo: Path | None, tag: str | None = None) -> dict:
         except ledger.LedgerError as e:
             problem = str(e)
     configs = _tag_configs(repo)
-    tags = [tag] if tag else list(dict.fromkeys([r.tag for r in rows]))
+    names = [tag] if tag else list(dict.fromkeys([r.tag for r in rows]))
     current = None
     if repo is not None:
         try:
             branch = git.branch(repo)
-            current = branch[len(run.BRANCH_PREFIX):] if branch.startswith(run.BRANCH_PREFIX) else None
+            current = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
         except git.GitError:
             pass
     return {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "results": str(path),
         "current_tag": current,
-        "tags": [tag_facts(t, [r for r in rows if r.tag == t], configs.get(t)) for t in tags],
+        "tags": [tag_facts(t, [r for r in rows if r.tag == t], configs.get(t)) for t in names],
         "in_flight": in_flight(repo) if repo is not None else [],
-        "stop_requested": repo is not None and stop_path(repo).exists(),
+        "stop_requested": repo is not None and state.stop_file(repo).exists(),
         "warnings": damaged + ([problem] if problem else []),
     }
 
@@ -185,13 +179,13 @@ def diff(repo: Path, commit: str) -> str:
     """train.py of a commit against its parent's."""
     if not re.fullmatch(r"[0-9a-f]{4,40}", commit):
         raise DashboardError(f"not a commit: {commit!r}")
-    return git.git(repo, "show", "--format=%h %s%n", commit, "--", run.EDITABLE, check=False, strip=False)
+    return git.git(repo, "show", "--format=%h %s%n", commit, "--", state.EDITABLE, check=False, strip=False)
 
 
 def log_tail(repo: Path, run_id: str) -> str:
     if not re.fullmatch(r"[0-9A-Za-z-]+", run_id):
         raise DashboardError(f"not a run id: {run_id!r}")
-    return run._tail(run.state_dir(repo) / "runs" / run_id / "run.log", 40)
+    return state.tail(state.run_dir(repo, run_id) / state.RUN_LOG, 40)
 
 
 def attach_details(data: dict, repo: Path | None) -> dict:
@@ -228,7 +222,7 @@ def serve(repo: Path, host: str = "127.0.0.1", port: int = 8080, log=print):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlparse
 
-    results = repo / "results.tsv"
+    results = state.results(repo)
     library = plotly_js().encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -267,7 +261,7 @@ def serve(repo: Path, host: str = "127.0.0.1", port: int = 8080, log=print):
             if urlparse(self.path).path != "/api/stop":
                 self.send(404, b"not found", "text/plain")
                 return
-            path = stop_path(repo)
+            path = state.stop_file(repo)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " from the dashboard\n")
             self.send(200, b'{"stop_requested": true}', "application/json")

@@ -158,7 +158,7 @@ def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series |
     return None
 
 
-def open_serieses(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
+def unfinished(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
     """Every unfinished series, the one whose last run is oldest first. One harness leaves at most one open;
     parallel workers (cluster.py) may leave several."""
     last_index = {}
@@ -169,9 +169,9 @@ def open_serieses(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
     return [s for s in found if s is not None]
 
 
-def open_series(rows, baseline_runs: int = BASELINE_RUNS) -> Series | None:
+def latest_unfinished(rows, baseline_runs: int = BASELINE_RUNS) -> Series | None:
     """The most recent unfinished series, if any (see series_of)."""
-    found = open_serieses(rows, baseline_runs)
+    found = unfinished(rows, baseline_runs)
     return found[-1] if found else None
 
 

@@ -644,7 +644,7 @@ def run_evaluation(prepare_source: bytes, out: Path, dtype: str, device: str, ch
 
 
 if __name__ == "__main__":
-    if sys.platform.startswith("linux"):  # die with the harness or worker that started it (lock.tied_to_parent)
+    if sys.platform.startswith("linux"):  # die with the harness or worker that started it (processes.tied_to_parent)
         import ctypes
         import signal
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)

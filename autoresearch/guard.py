@@ -26,13 +26,15 @@ import stat
 import subprocess
 from pathlib import Path
 
+from autoresearch import state
+
 SMALL = 1 << 20
 RECORD_LIMIT = 256 << 20  # the record is kept whole up to this size (a 1 MB results.tsv is ~3,500 rows)
 SKIP_DIRS = {(".git", "objects")}
 # Ignored by git, and what the harness trusts later: always compared. The record (the ledger, the tag files, a
 # parallel loop's in-flight jobs), and Python's package metadata at the repository's root (`python -m` puts it
 # first on sys.path, and `import torch` loads entry points from any *.egg-info or *.dist-info found there).
-RECORD = ("results.tsv", ".autoresearch/tags", ".autoresearch/inflight")
+RECORD = (state.RESULTS, f"{state.STATE_DIR}/tags", f"{state.STATE_DIR}/inflight")
 METADATA = (".egg-info", ".dist-info")
 BYTECODE = "__pycache__"
 INDEX = ".git/index"

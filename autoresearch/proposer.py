@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autoresearch import decide, git, ledger
+from autoresearch import decide, git, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -76,7 +76,7 @@ class BuiltinProposer:
         self.sources: dict[str, str | None] = {}  # commit -> its train.py (None: gone from git)
 
     def _rows(self) -> list[ledger.Row]:
-        return ledger.read(self.repo / "results.tsv", self.tag)
+        return ledger.read(state.results(self.repo), self.tag)
 
     def _params_of(self, source: str) -> dict:
         values = read_constants(source, self.profile)

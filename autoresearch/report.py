@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statistics import fmean
 
-from autoresearch import decide, ledger
+from autoresearch import decide, errors, ledger, state, tags
 
 
 def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
@@ -17,7 +17,7 @@ def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
     out = {}
     for r in rows:
         try:
-            out[r.run_id] = float(json.loads((runs_dir / r.run_id / "evaluation.json").read_text())["test_bpb"])
+            out[r.run_id] = float(json.loads((runs_dir / r.run_id / state.EVALUATION).read_text())["test_bpb"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
@@ -219,23 +219,22 @@ def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress"
 
 
 def main(args) -> str:
-    from autoresearch import run
 
     if args.results:
         path = Path(args.results)
         tag = args.tag
     else:
-        repo = run.repo_root()
-        path = repo / "results.tsv"
+        repo = tags.repo_root()
+        path = state.results(repo)
         tag = args.tag
         if tag is None:
             from autoresearch import git
             branch = git.branch(repo)
-            tag = branch[len(run.BRANCH_PREFIX):] if branch.startswith(run.BRANCH_PREFIX) else None
+            tag = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
     repo = path.parent if (path.parent / ".git").exists() else None
     rows = ledger.read(path, tag, old_ok=True)  # --json and --html fail where the plot would: same facts, same errors
     if not rows:
-        raise run.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
+        raise errors.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
         from autoresearch import dashboard
         data = dashboard.facts(path, repo, tag)
@@ -245,5 +244,5 @@ def main(args) -> str:
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
-    tests = test_scores(decide.finished(rows), path.parent / run.STATE_DIR / "runs")
+    tests = test_scores(decide.finished(rows), state.runs_dir(path.parent))
     return summarize(rows, tests, groups) + f"\nplot: {out}"

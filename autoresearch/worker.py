@@ -6,7 +6,7 @@ cluster.py makes each worker a Ray actor holding k CPU cores (or one GPU and k c
   every repository the guard watches;
 - refuses to join when its machine cannot give comparable results: another fixed half (prepare.py, the data:
   checked by fingerprint), other hardware, fewer cores than the tag's threads per run;
-- runs each candidate (its train.py and the tag's seed) with run.execute: the sandbox, the hard timeout, the
+- runs each candidate (its train.py and the tag's seed) with execute.execute: the sandbox, the hard timeout, the
   process group, the integrity checks and the harness's evaluation, with the tag's budget and clock and the
   thread count set explicitly (Ray sets OMP_NUM_THREADS=1 in its workers);
 - returns what happened, and nothing else: only the driver writes results.tsv and moves the branch.
@@ -24,10 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autoresearch import compiled, git, ledger, machine, run, sandbox
-
-STATE = run.STATE_DIR
-
+from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, record, recovery, sandbox,
+                          state, supervise, tags)
 
 class WorkerRefused(RuntimeError):
     """This machine cannot run the tag's experiments comparably; the message says why and what to do."""
@@ -67,7 +65,7 @@ def host_name() -> str:
 def _exit_with_parent() -> None:
     """End this process when its parent (Ray's raylet) dies: a driver killed with its local runtime takes the
     raylet along, and a worker re-parented to a subreaper (tmux, a container's init, a harness) may otherwise
-    outlive it. Its training is tied to it (lock.tied_to_parent) and ends too."""
+    outlive it. Its training is tied to it (processes.tied_to_parent) and ends too."""
     parent = os.getppid()
 
     def watch():
@@ -82,12 +80,12 @@ class Worker:
     def __init__(self, repo_path: str, config: dict, name: str, sandbox_mode: str = "auto"):
         self.config, self.name = config, name
         self.host = host_name()
-        self.threads = run.tag_threads(config)
+        self.threads = tags.threads_per_run(config)
         self.error = None
         _exit_with_parent()
         try:
             self._setup(repo_path, sandbox_mode)
-        except (WorkerRefused, run.HarnessError, git.GitError, sandbox.SandboxError) as e:
+        except (WorkerRefused, errors.HarnessError, git.GitError, sandbox.SandboxError) as e:
             self.error = str(e)
         except Exception as e:  # noqa: BLE001 - whatever it is, the driver shows it instead of a dead actor
             self.error = f"{type(e).__name__}: {e}"
@@ -116,26 +114,26 @@ class Worker:
             git.git(source, "clone", "-q", "--shared", "--no-checkout", str(source), str(self.copy))
         self._recover()
         git.git(self.copy, "checkout", "-q", "-f", "--detach", base)
-        git.git(self.copy, "clean", "-q", "-f", "-d", "-x", "-e", f"/{STATE}/")
-        problem = run.preflight(self.copy, config, worker=True)
+        git.git(self.copy, "clean", "-q", "-f", "-d", "-x", "-e", f"/{state.STATE_DIR}/")
+        problem = tags.preflight(self.copy, config, worker=True)
         if problem:
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: {problem}")
-        self.fixed = run.fixed_half(self.copy, config)
+        self.fixed = fixed.of_tag(self.copy, config)
         self.protection = sandbox.protection(sandbox_mode)
         if config.get("protection") == "bwrap" and self.protection != "bwrap":
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: the tag runs every training in the "
                                 "bubblewrap sandbox, and it does not work here (install bubblewrap)")
-        self.device = run.device_label(config, machine.hardware())
+        self.device = tags.device_label(config, machine.hardware())
 
     def _recover(self) -> None:
         """A worker of this name that died mid-run left its pending record: end whatever it started."""
-        path = self.copy / STATE / "pending.json"
+        path = state.pending_file(self.copy)
         try:
-            pending = run.read_pending(self.copy)
-        except run.HarnessError:
+            pending = recovery.read_pending(self.copy)
+        except errors.HarnessError:
             pending = None
         if pending is not None:
-            run._kill_training(pending)
+            processes.kill_recorded(pending.get("processes") or [])
         path.unlink(missing_ok=True)
 
     def join(self) -> dict:
@@ -149,30 +147,30 @@ class Worker:
         """One run of job["source"] as train.py (see cluster.Job); the execution, for the driver to record."""
         if self.error:
             raise WorkerRefused(self.error)
-        (self.copy / run.EDITABLE).write_text(job["source"])
+        (self.copy / state.EDITABLE).write_text(job["source"])
         where = {"worker": self.name, "host": self.host, "device": self.device, "protection": self.protection}
-        problem = run.preflight(self.copy, self.config, worker=True)
+        problem = tags.preflight(self.copy, self.config, worker=True)
         if problem:  # this machine changed since it joined (its data, say): every later run would be refused too
             return dict(where, status="refused", reason=problem, result=None, evaluation={},
-                        training=asdict(run.Training(None, False, None, 0.0)), log="", retire=True)
-        run_dir = self.copy / STATE / "runs" / job["run_id"]
+                        training=asdict(supervise.Training(None, False, None, 0.0)), log="", retire=True)
+        run_dir = state.run_dir(self.copy, job["run_id"])
         run_dir.mkdir(parents=True)
-        pending_path = self.copy / STATE / "pending.json"
+        pending_path = state.pending_file(self.copy)
         pending = {"run_id": job["run_id"], "tag": self.config["tag"], "processes": []}
-        run._atomic_json(pending_path, pending)
+        state.atomic_json(pending_path, pending)
         base = None
         if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
             base = compiled.ensure_base(self.fixed.cache, job["champion"], job["champion_source"], self.fixed.source,
                                         self.fixed.manifest, self.config.get("peak_flops"), self.protection,
                                         self.threads, log=lambda *a: None)
         started = time.time()
-        ex = run.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
+        ex = execute.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
                          self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
                          compile_base=base)
         threshold = job.get("test_threshold")
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
-            run.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
-        log_path = run_dir / "run.log"
+            record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
+        log_path = run_dir / state.RUN_LOG
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         pending_path.unlink(missing_ok=True)
         return dict(where, status=ex.status, reason=ex.reason, result=ex.result, evaluation=ex.evaluation,

@@ -89,7 +89,7 @@ def check(repo: Path) -> list[str]:
         problems.append("pending.json left after recovery")
     config = json.loads((repo / ".autoresearch" / "tags" / "faults.json").read_text())
     kept = [r for r in rows if r.status == "keep"]
-    series = decide.open_series(rows)
+    series = decide.latest_unfinished(rows)
     if series is not None and series.kind == "candidate":
         expected = git(repo, "rev-parse", series.commit)
     else:

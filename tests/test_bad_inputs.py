@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import prepare
-from autoresearch import data, ledger, run, sandbox
+from autoresearch import data, fixed, ledger, run, sandbox, supervise
 from conftest import cli, make_corpus
 from test_harness import rows
 
@@ -181,12 +181,12 @@ def test_a_result_json_that_breaks_the_schema_is_named(tmp_path, change, message
     out = tmp_path / "out"
     out.mkdir()
     (out / "result.json").write_text(json.dumps(dict(GOOD_RESULT, **change)))
-    result, problem = run.read_result(tmp_path)
+    result, problem = fixed.read_result(tmp_path)
     assert result is None and message in problem
     (out / "result.json").write_text("{not json")
-    assert "not valid JSON" in run.read_result(tmp_path)[1]
+    assert "not valid JSON" in fixed.read_result(tmp_path)[1]
     (out / "result.json").write_text(json.dumps(GOOD_RESULT))
-    assert run.read_result(tmp_path) == (GOOD_RESULT, "")
+    assert fixed.read_result(tmp_path) == (GOOD_RESULT, "")
 
 
 def test_a_result_json_that_is_a_link_a_fifo_or_huge_is_refused_without_reading_it(tmp_path):
@@ -195,16 +195,16 @@ def test_a_result_json_that_is_a_link_a_fifo_or_huge_is_refused_without_reading_
     secret = tmp_path / "secret.json"
     secret.write_text(json.dumps(GOOD_RESULT))
     (out / "result.json").symlink_to(secret)
-    assert run.read_result(tmp_path) == (None, "result.json is a symbolic link; a run writes its files itself, "
+    assert fixed.read_result(tmp_path) == (None, "result.json is a symbolic link; a run writes its files itself, "
                                                "as regular files")
     (out / "result.json").unlink()
     os.mkfifo(out / "result.json")  # a read would block forever
-    result, problem = run.read_result(tmp_path)
+    result, problem = fixed.read_result(tmp_path)
     assert result is None and "not a regular file" in problem
     (out / "result.json").unlink()
     with open(out / "result.json", "wb") as f:
         f.truncate(1 << 40)  # sparse: 1 TB that costs nothing to make
-    result, problem = run.read_result(tmp_path)
+    result, problem = fixed.read_result(tmp_path)
     assert result is None and "more than the 1,048,576 allowed" in problem
 
 # --- results.tsv ------------------------------------------------------------------------------------------
@@ -280,14 +280,14 @@ def test_sandbox_on_without_bubblewrap_names_the_package(repo, env, tmp_path):
 
 
 def test_a_train_py_that_prints_gigabytes_gets_a_capped_log(repo, env, monkeypatch):
-    monkeypatch.setattr(run, "LOG_KEEP", 64 << 10)
+    monkeypatch.setattr(supervise, "LOG_KEEP", 64 << 10)
     assert cli(repo, "setup", "--tag", "loud", "--sandbox", "off", env=env).returncode == 0
     (repo / "train.py").write_text("import sys\nprint('FIRST LINE')\nfor i in range(200000):\n"
                                    "    print('x' * 99)\nprint('LAST LINE')\nsys.exit(3)\n")
     monkeypatch.chdir(repo)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    outcome = run.run_experiment(repo, "loud", sandbox_mode="off", log=lambda *a: None)
+    outcome = run.run_once(repo, "loud", sandbox_mode="off", log=lambda *a: None)
     log = (outcome.run_dir / "run.log").read_bytes()
     assert outcome.row.status == "crash" and "exit status 3" in outcome.row.description
     assert len(log) < 3 * (64 << 10) and log.startswith(b"FIRST LINE") and log.rstrip().endswith(b"LAST LINE")

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, cli, sh
 from test_loop import AGENT
 
-from autoresearch import decide, git, ledger, run
+from autoresearch import decide, git, ledger, tags
 from autoresearch.cluster import Job, keep_on_branch
 from autoresearch.worker import Worker, WorkerRefused
 
@@ -91,7 +91,7 @@ def check_ledger(repo, tag, seen_heads):
     kept = {git.git(repo, "rev-parse", r.commit) for r in rows if r.status == "keep"} | {config["base_commit"]}
     assert seen_heads and seen_heads <= kept, f"the branch was on {seen_heads - kept}, which no keep row holds"
     head = git.git(repo, "rev-parse", f"autoresearch/{tag}")
-    assert head == run.last_kept_commit(repo, config, rows)
+    assert head == tags.last_kept_commit(repo, config, rows)
     for commit in git.git(repo, "rev-list", f"{config['base_commit']}..{head}").split():
         assert commit in kept, "the branch's history holds a commit that was not kept"
     return rows
@@ -198,7 +198,7 @@ def test_two_ray_nodes_and_a_node_that_leaves(repo, env, monkeypatch, tmp_path):
 def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])
-    config = run.setup(repo, "k", threads=1)
+    config = tags.setup(repo, "k", threads=1)
     base = config["base_commit"]
     source = (repo / "train.py").read_text()
     a_src, b_src = source + "\n# change a\n", source + "\n# change b\n"
@@ -218,7 +218,7 @@ def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monk
 def test_a_worker_on_a_machine_with_other_data_refuses_to_join(repo, env, monkeypatch):
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_BUDGET_CLOCK", "OMP_NUM_THREADS"):
         monkeypatch.setenv(key, env.get(key, ""))  # restored afterwards: a worker sets them for itself
-    config = run.setup(repo, "w", threads=1, sandbox_mode="off")
+    config = tags.setup(repo, "w", threads=1, sandbox_mode="off")
     worker = Worker(str(repo), dict(config, fingerprint="0" * 64), "w1", "off")
     info = worker.join()
     assert "refuses to join" in info["error"] and "prepare.py --force" in info["error"]

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import cli
 
-from autoresearch import dashboard, git, ledger, loop, run
+from autoresearch import git, ledger, loop, record, state, tags
 
 ARTIFACTS = Path(os.environ.get("AUTORESEARCH_TEST_ARTIFACTS", "/tmp/autoresearch-test-artifacts"))
 
@@ -33,13 +33,13 @@ def add_runs(repo, config, specs):
             commit = git.commit_with(repo, base, "train.py", source.replace("DEPTH = ", f"{change}\nDEPTH = ", 1),
                                      description)
         run_id = f"20261130-0000{i:02d}-{i:06x}"
-        row = run._row(config, commit, description, run_id, status, value, 0.4 if value else 0.0, 40 if value else 0,
+        row = record.make_row(config, commit, description, run_id, status, value, 0.4 if value else 0.0, 40 if value else 0,
                        8.0, 42 + i, config=git.git(repo, "rev-parse", f"{commit}:train.py")[:12],
                        mean=value or None, n=1 if value else 0, decision="baseline 1/3" if i == 0 else "",
                        worker="w1", device="cpu x1")
         ledger.append(repo / "results.tsv", row)
         if status == "crash":
-            log = run.state_dir(repo) / "runs" / run_id / "run.log"
+            log = state.state_dir(repo) / "runs" / run_id / "run.log"
             log.parent.mkdir(parents=True)
             log.write_text("Traceback (most recent call last):\nRuntimeError: shapes do not match\n")
 
@@ -48,7 +48,7 @@ def add_runs(repo, config, specs):
 def tag(repo, env, monkeypatch):
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET"):
         monkeypatch.setenv(key, env[key])
-    config = run.setup(repo, "dash")
+    config = tags.setup(repo, "dash")
     (repo / "results.tsv").unlink()  # the dashboard must cope with no ledger yet
     return config
 
@@ -132,7 +132,7 @@ def test_the_dashboard_renders_updates_live_and_asks_the_loop_to_stop(repo, env,
         assert "+WIDTH_NOTE = 1" in detail.text and "shapes do not match" in detail.text
         # the stop button only writes the file the loop reads
         driver.find_element(By.ID, "stop").click()
-        wait_until(lambda: dashboard.stop_path(repo).exists(), what="the stop file")
+        wait_until(lambda: state.stop_file(repo).exists(), what="the stop file")
         wait_until(lambda: "stop requested" in driver.find_element(By.ID, "stop").text, what="the button's state")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
@@ -142,11 +142,11 @@ def test_the_dashboard_renders_updates_live_and_asks_the_loop_to_stop(repo, env,
         driver.quit()
         proc.kill()
         proc.wait()
-    assert sorted(p.name for p in run.state_dir(repo).iterdir()) == ["runs", "stop", "tags"]  # read-only but that
+    assert sorted(p.name for p in state.state_dir(repo).iterdir()) == ["runs", "stop", "tags"]  # read-only but that
 
 
 def test_the_loop_reads_the_stop_file_once_and_forgets_a_stale_one(repo):
-    path = dashboard.stop_path(repo)
+    path = state.stop_file(repo)
     path.parent.mkdir(parents=True)
     path.write_text("left from yesterday")
     requested = loop.dashboard_stop(repo)

@@ -3,7 +3,7 @@ the middle of one."""
 
 import json
 
-from autoresearch import ledger, run
+from autoresearch import ledger, record
 from conftest import cli, sh
 
 
@@ -21,7 +21,7 @@ def noisy_champion(repo, tag, values):
     config = json.loads((repo / ".autoresearch" / "tags" / f"{tag}.json").read_text())
     blob = sh(repo, "git", "rev-parse", "HEAD:train.py")[:12]
     for i, value in enumerate(values):
-        ledger.append(repo / "results.tsv", run._row(
+        ledger.append(repo / "results.tsv", record.make_row(
             config, head(repo), "baseline", f"base{i}", "keep", value, 0.1, 5, 10.0, 42 + i, config=blob,
             repeat=i + 1, n=i + 1, decision=f"baseline {i + 1}/3"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import ledger
+from autoresearch import ledger, record, recovery
 from conftest import cli, sh
 
 def edit_train(repo, pattern, replacement):
@@ -206,17 +206,16 @@ def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refus
 
 def test_recovery_after_the_row_was_written(repo, env):
     """Killed between appending the row and resetting git: no duplicate row, the branch is reset."""
-    from autoresearch import run
     assert cli(repo, "setup", "--tag", "late", env=env).returncode == 0
     config = json.loads((repo / ".autoresearch" / "tags" / "late.json").read_text())
     (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# change\n")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change")
     commit = head(repo)
-    row = run._row(config, commit, "change", "r1", "discard", 3.0, 0.1, 5, 10.0, 42)
+    row = record.make_row(config, commit, "change", "r1", "discard", 3.0, 0.1, 5, 10.0, 42)
     ledger.append(repo / "results.tsv", row)
     (repo / ".autoresearch" / "pending.json").write_text(json.dumps(
         {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "processes": []}))
-    assert run.recover(repo, log=lambda *a: None) is None
+    assert recovery.recover(repo, log=lambda *a: None) is None
     assert [r.run_id for r in rows(repo)] == ["r1"]
     assert head(repo) == config["base_commit"]
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from autoresearch import ledger
+from autoresearch import ledger, record, tags
 from autoresearch.edit import EditError, read_constants, set_constants
 from conftest import ROOT, cli, sh
 from test_harness import rows
@@ -37,12 +37,11 @@ def test_set_constants_rewrites_only_the_active_profile_literal():
 
 
 def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):
-    from autoresearch import run
     from autoresearch.proposer import BuiltinProposer
 
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])
-    config = run.setup(repo, "p")
+    config = tags.setup(repo, "p")
     base = (repo / "train.py").read_text()
     seen = set()
     for i in range(12):
@@ -60,7 +59,7 @@ def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, 
         # record it as if it had run, so the next proposer learns it from results.tsv and git
         sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", description)
         head = sh(repo, "git", "rev-parse", "HEAD")
-        ledger.append(repo / "results.tsv", run._row(config, head, description, f"r{i}", "discard", 3.0 + i / 100,
+        ledger.append(repo / "results.tsv", record.make_row(config, head, description, f"r{i}", "discard", 3.0 + i / 100,
                                                       0.1, 5, 10.0, 42))
         sh(repo, "git", "reset", "-q", "--hard", config["base_commit"])
     study = BuiltinProposer(repo, "p", "cpu", seq_len=32)
@@ -90,7 +89,7 @@ def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     all_rows = rows(repo)
     assert len({r.config for r in all_rows}) == 3 and sum(r.description == "baseline" for r in all_rows) == 1
     assert len({decide.base_description(r.description) for r in all_rows}) == 3
-    assert decide.open_series(all_rows) is None  # every experiment decided
+    assert decide.latest_unfinished(all_rows) is None  # every experiment decided
     ast.parse((repo / "train.py").read_text())
     assert sh(repo, "git", "rev-parse", "--short=7", "HEAD") == [r for r in all_rows if r.status == "keep"][-1].commit
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT, cli, sh
 
-from autoresearch import guard, ledger, load
+from autoresearch import guard, ledger, machine_load, tags
 
 
 # --- the guard: what the training could touch, not what people do ------------------------------------------
@@ -173,12 +173,12 @@ def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip
 
 def test_the_wait_threshold_scales_with_the_cores(monkeypatch):
     monkeypatch.delenv("AUTORESEARCH_LOAD_LIMIT", raising=False)
-    assert load.limit(2) == 0.5 and load.limit(8) == pytest.approx(0.8) and load.limit(64) == pytest.approx(6.4)
+    assert machine_load.limit(2) == 0.5 and machine_load.limit(8) == pytest.approx(0.8) and machine_load.limit(64) == pytest.approx(6.4)
     monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "3")
-    assert load.limit(2) == 3.0
+    assert machine_load.limit(2) == 3.0
     monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "lots")
-    with pytest.raises(load.Settings, match="AUTORESEARCH_LOAD_LIMIT='lots' is not a number"):
-        load.limit(2)
+    with pytest.raises(machine_load.Settings, match="AUTORESEARCH_LOAD_LIMIT='lots' is not a number"):
+        machine_load.limit(2)
 
 
 def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
@@ -335,10 +335,10 @@ def test_an_unsandboxed_run_cannot_slip_past_the_guard(tmp_path):
 
 
 def test_an_agent_that_edits_the_record_is_restored_and_named(repo, env, tmp_path, monkeypatch):
-    from autoresearch import agents, run
+    from autoresearch import agents
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET"):
         monkeypatch.setenv(key, env[key])
-    run.setup(repo, "a")
+    tags.setup(repo, "a")
     ledger_before = (repo / "results.tsv").read_text()
     script = tmp_path / "agent.sh"
     script.write_text("#!/bin/sh\necho '# tweak' >> train.py\necho forged >> results.tsv\n"

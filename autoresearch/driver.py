@@ -1,0 +1,370 @@
+"""The parallel driver: experiments side by side on Ray workers (`autoresearch loop --workers N`, cluster.py).
+
+One driver (this process, holding the repository's lock) owns the truth:
+- only it writes results.tsv and moves the tag's branch. A candidate travels to a worker as its train.py, its
+  parent commit and its seed; the driver records it as a commit object off its parent (git.commit_with), and
+  only a keep moves the branch: fast-forward when the branch is still on the parent, else a new commit of the
+  kept train.py on top of the branch. So the branch is only ever on a kept commit, and stays linear;
+- it holds the proposer (the built-in one: Optuna TPE with constant_liar, the runs in flight as running
+  trials; or one external agent per worker, each in its own working copy) and the decision rule. A candidate's
+  confirmation repeat goes to the next free worker before any new proposal; one repeat of a candidate is in
+  flight at a time, so the rule looks at its runs in order exactly as `autoresearch run` does. The baseline's
+  runs go out side by side;
+- before a run is dispatched it is written to .autoresearch/inflight/<run_id>.json. A driver killed at any
+  moment takes its workers with it (Ray ends the actors of a dead driver, and trainings die with their worker:
+  processes.tied_to_parent), and the next `autoresearch loop` or `run` records each unrecorded run as interrupted
+  (recovery.recover_inflight). A worker killed mid-run, or a node leaving the cluster, surfaces here as an
+  ActorDiedError: the run is recorded as interrupted, a replacement worker is started, the others go on.
+
+Workers (worker.py) are identical by construction: same device type, same threads per run (the tag records
+them; a tag never mixes two), checked against the tag's fingerprint and hardware when they join.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from autoresearch import (agents, decide, errors, execute, git, ledger, loop, record, run, schedule, state, supervise,
+                          tags)
+from autoresearch.worker import Worker, workers_dir
+
+JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
+JOIN_WAIT = 30          # seconds the loop waits for all its workers before it starts with those that joined
+NO_WORKER_TIMEOUT = 300  # seconds the loop waits for a replacement when every worker is gone
+
+
+@dataclass
+class Job:
+    """One run dispatched to a worker; its JSON in inflight/ is what recovery records if it never returns."""
+    run_id: str
+    tag: str
+    commit: str        # the commit recorded for it (a candidate's commit object, or the champion's)
+    parent: str
+    config: str        # git blob of its train.py
+    description: str
+    seed: int
+    repeat: int
+    run_no: int        # its place in its series (1 for a candidate's first run)
+    test_threshold: float | None
+    worker: str
+    host: str
+    device: str
+    protection: str
+    started: str
+    source: str = ""   # train.py; not written to inflight/
+    champion: str = ""  # the champion's configuration: the run starts from its compile cache (compiled.py)
+    champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
+
+
+def keep_on_branch(repo: Path, job: Job) -> str:
+    """Move the branch to a kept candidate: its own commit when the branch is still on its parent, else a new
+    commit of its train.py on top of the branch (a candidate kept after another one was). The commit."""
+    head = git.head(repo)
+    target = job.commit if head == job.parent else git.commit_with(repo, head, state.EDITABLE, job.source,
+                                                                    job.description)
+    git.reset_to(repo, target, state.EDITABLE)
+    return target
+
+
+class Stop(Exception):
+    """The loop cannot go on; the message says why."""
+
+
+class Driver:
+    def __init__(self, repo: Path, config: dict, args, ray, gpu: bool, log=print):
+        self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
+        self.rule = args.decision or config.get("decision") or "stat"
+        pins = tags.pin_problems(config, "bwrap" if config.get("protection") == "bwrap" else "none", self.rule, None)
+        if pins:
+            raise errors.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
+        self.results = state.results(repo)
+        self.threads = tags.threads_per_run(config)
+        self.actor_class = ray.remote(Worker).options(
+            num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0, scheduling_strategy="SPREAD")
+        self.workers: dict[str, tuple] = {}   # name -> (actor, join info)
+        self.free: list[str] = []
+        self.joining: dict = {}                # join ref -> (name, actor, since)
+        self.running: dict = {}                # run ref -> Job
+        self.proposing: dict = {}              # future -> worker name
+        self.spawned = 0                       # workers started, replacements included (their names)
+        self.started = 0                       # experiments begun by this loop (the baseline counts once)
+        self.failures = 0
+        self.stopping = False
+        self.deadline = time.time() + args.hours * 3600 if args.hours else None
+        self.agents: dict[str, object] = {}
+        if args.agent == "builtin":
+            import prepare
+            from autoresearch.proposer import BuiltinProposer
+            manifest = prepare.require_manifest()
+            self.proposer = BuiltinProposer(repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent == "builtin" else 64)
+
+    # --- workers -------------------------------------------------------------------------------------
+
+    def spawn(self, n: int) -> None:
+        for _ in range(n):
+            self.spawned += 1
+            name = f"w{self.spawned}"
+            actor = self.actor_class.remote(str(self.repo), self.config, name,
+                                            self.args.sandbox or tags.sandbox_mode_of(self.config))
+            self.joining[actor.join.remote()] = (name, actor, time.time())
+
+    def joined(self, ref) -> None:
+        name, actor, _ = self.joining.pop(ref)
+        try:
+            info = self.ray.get(ref)
+        except self.ray.exceptions.RayError as e:
+            info = {"error": short_error(e), "host": "?"}
+        if "error" in info:
+            self.log(f"worker {name} on {info.get('host', '?')} did not join: {info['error']}")
+            self.ray.kill(actor)
+            return
+        self.workers[name] = (actor, info)
+        self.free.append(name)
+        self.log(f"worker {name} joined on {info['host']}: {info['device']}, training protected by "
+                 f"{info['protection']}, working copy {info['copy']}")
+
+    def lost(self, name: str) -> None:
+        actor, _ = self.workers.pop(name)
+        self.ray.kill(actor)
+        if name in self.free:
+            self.free.remove(name)
+        self.spawn(1)  # a replacement, wherever the cluster has room; it joins when it can
+
+    # --- what to run next -----------------------------------------------------------------------------
+
+    def in_flight(self, config_id: str) -> int:
+        return sum(job.config == config_id for job in self.running.values())
+
+    def may_begin(self) -> bool:
+        limit = self.args.max_experiments
+        return ((limit is None or self.started < limit) and (self.deadline is None or time.time() < self.deadline)
+                and not self.stopping)
+
+    def next_job(self, rows: list[ledger.Row], name: str):
+        """A Job for worker `name`, "propose" when a new candidate is due, or None when nothing is (schedule.py)."""
+        head = git.head(self.repo)
+        running = [job.config for job in self.running.values()]
+        step = schedule.next_run(rows, running, self.rule, self.may_begin(), tags.config_of(self.repo, head))
+        if step.kind == "stop":
+            raise Stop(step.reason)
+        if step.kind == "wait":
+            return None
+        self.started += step.new
+        if step.kind == "propose":
+            return "propose"
+        commit = parent = head  # the baseline
+        if step.kind == "series":
+            commit = git.git(self.repo, "rev-parse", step.commit)
+            parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
+        source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
+        return self.job(rows, commit, parent, source, step.description, step.run_no, name)
+
+    def job(self, rows, commit: str, parent: str, source: str, description: str, run_no: int, name: str) -> Job:
+        config_id = tags.config_of(self.repo, commit)
+        running = [job.config for job in self.running.values()]
+        info = self.workers[name][1]
+        champion = tags.last_kept_commit(self.repo, self.config, rows)
+        return Job(state.new_run_id(), self.config["tag"], commit, parent, config_id, description,
+                   schedule.seed(rows, len(running), self.rule), schedule.repeat_number(rows, config_id, running),
+                   run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
+                   info["protection"], state.now(), source, tags.config_of(self.repo, champion),
+                   git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False))
+
+    def propose(self, name: str, rows) -> None:
+        head = git.head(self.repo)
+        source = git.git(self.repo, "show", f"{head}:{state.EDITABLE}", strip=False)
+        running = [job.source for job in self.running.values()]
+        future = self.pool.submit(self._proposal, name, head, source, running,
+                                  [job.description for job in self.running.values()])
+        self.proposing[future] = name
+        if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
+            concurrent.futures.wait([future])
+            self.proposed(future)
+
+    def _proposal(self, name: str, head: str, source: str, running: list[str],
+                  descriptions: list[str]) -> tuple[str, str, str]:
+        """(parent, new train.py, description), in a thread: external agents think side by side."""
+        if self.args.agent == "builtin":
+            new_source, description = self.proposer.propose_source(source, running)
+            return head, new_source, description
+        agent = self.agents.get(name)
+        if agent is None:
+            workdir = workers_dir(self.config["tag"], self.repo) / f"agent-{name}"
+            if not (workdir / ".git").exists():
+                workdir.parent.mkdir(parents=True, exist_ok=True)
+                git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
+            agent = self.agents[name] = agents.ExternalAgent(self.repo, self.config["tag"], self.args.agent,
+                                                             self.args.agent_timeout, workdir)
+        git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
+        git.git(agent.workdir, "clean", "-q", "-f", "-d")
+        description = agent.propose({"in_flight": descriptions})
+        return head, (agent.workdir / state.EDITABLE).read_text(), description
+
+    def proposed(self, future) -> None:
+        name = self.proposing.pop(future)
+        try:
+            parent, source, description = future.result()
+        except (agents.AgentError, RuntimeError, git.GitError, OSError) as e:
+            self.started -= 1
+            self.failures += 1
+            self.log(f"agent failed to propose ({e})")
+            if self.failures >= 3:
+                raise Stop("three failed proposals in a row: stopping") from None
+            self.free.append(name)
+            return
+        self.failures = 0
+        if name not in self.workers:  # its worker died meanwhile: the proposal waits for the next free one
+            name = self.free.pop(0) if self.free else None
+            if name is None:
+                self.started -= 1
+                return
+        description = " ".join(description.split()) or "(no description)"
+        commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
+        self.dispatch(self.job(ledger.read(self.results, self.config["tag"]), commit, parent, source, description, 1,
+                               name))
+
+    def dispatch(self, job: Job) -> None:
+        state.atomic_json(state.inflight_file(self.repo, job.run_id),
+                          {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source")})
+        actor = self.workers[job.worker][0]
+        self.running[actor.run.remote(asdict(job))] = job
+        self.log(f"   {job.worker}: {job.description}")
+
+    # --- results ----------------------------------------------------------------------------------------
+
+    def finished(self, ref) -> None:
+        job = self.running.pop(ref)
+        try:
+            res = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as e:  # the worker is alive; its harness code failed
+            row = record.interrupted_row(self.config, asdict(job), f"{job.worker} failed: {short_error(e)}")
+            row.decision = ""  # not an interruption: its series closes, and a baseline counts it as a crash
+            self.recorded(job, row)
+            self.free.append(job.worker)
+            return
+        except self.ray.exceptions.RayError as e:  # the worker died: killed, out of memory, its node left
+            self.recorded(job, record.interrupted_row(self.config, asdict(job), f"worker {job.worker} on {job.host} "
+                                                      f"died: {short_error(e)}"))
+            if job.worker in self.workers:
+                self.lost(job.worker)
+            return
+        rows = ledger.read(self.results, self.config["tag"])
+        ex = execute.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
+                               supervise.Training(**res["training"]))
+        row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), job.commit,
+                                job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
+                                worker=res["worker"], host=res["host"], device=res["device"])
+        run_dir = state.run_dir(self.repo, job.run_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if ex.status == "ok":
+            state.atomic_json(run_dir / state.EVALUATION, dict(ex.evaluation, worker_run_dir=res["run_dir"]))
+        (run_dir / state.RUN_LOG).write_text(res["log"])
+        if row.status == "keep" and job.config != tags.config_of(self.repo, git.head(self.repo)):
+            row.commit = keep_on_branch(self.repo, job)[:7]
+        self.recorded(job, row, run_dir)
+        if res.get("retire"):
+            self.log(f"worker {job.worker} on {job.host} no longer matches the tag: replaced")
+            self.lost(job.worker)
+            return
+        self.free.append(job.worker)
+        agent = self.agents.get(job.worker)
+        if agent is not None:
+            agent.observe(run.Outcome(row, None, state.tail(run_dir / state.RUN_LOG), run_dir, ex.result,
+                                      ex.evaluation))
+
+    def recorded(self, job: Job, row: ledger.Row, run_dir: Path | None = None) -> None:
+        """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""
+        record.record(self.repo, row, run_dir)
+        state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)
+        self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def main(self, workers: int) -> int:
+        self.spawn(workers)
+        start = time.time()
+        # All of them, or after JOIN_WAIT s whoever is there (the others join when the cluster has room)
+        while self.joining and (not self.workers or time.time() - start < JOIN_WAIT):
+            ready, _ = self.ray.wait(list(self.joining), num_returns=1, timeout=1)
+            for ref in ready:
+                self.joined(ref)
+            if time.time() - start > JOIN_TIMEOUT and not self.workers:
+                raise Stop(f"no worker joined within {JOIN_TIMEOUT} s: see the messages above")
+        if not self.workers:
+            raise Stop("no worker could join (see above); fix those machines and run the loop again")
+        self.log(f"loop on {self.config['branch']} with {len(self.workers)} worker(s) of {self.threads} thread(s) "
+                 f"each, agent {self.args.agent}; Ctrl-C stops and records the runs in flight as interrupted")
+        idle_since = None
+        stop = loop.dashboard_stop(self.repo)
+        try:
+            while True:
+                if not self.stopping and stop():
+                    self.log("asked to stop from the dashboard: no new experiments; the runs in flight finish")
+                    self.stopping = True
+                rows = ledger.read(self.results, self.config["tag"])
+                while self.free:
+                    what = self.next_job(rows, self.free[0])
+                    if what is None:
+                        break
+                    name = self.free.pop(0)
+                    if what == "propose":
+                        self.propose(name, rows)
+                    else:
+                        self.dispatch(what)
+                    rows = ledger.read(self.results, self.config["tag"])
+                if not self.running and not self.proposing:
+                    if self.workers or not self.joining:
+                        return 0
+                    idle_since = idle_since or time.time()
+                    if time.time() - idle_since > NO_WORKER_TIMEOUT:
+                        raise Stop(f"every worker is gone and none rejoined within {NO_WORKER_TIMEOUT} s")
+                else:
+                    idle_since = None
+                refs = list(self.running) + list(self.joining)
+                ready, _ = self.ray.wait(refs, num_returns=1, timeout=0.5) if refs else ([], [])
+                for ref in ready:
+                    if ref in self.joining:
+                        self.joined(ref)
+                    else:
+                        self.finished(ref)
+                for future in [f for f in self.proposing if f.done()]:
+                    self.proposed(future)
+                if not refs:
+                    time.sleep(0.2)
+        except KeyboardInterrupt:
+            self.interrupt("interrupted by Ctrl-C")
+            self.log("stopped; the runs in flight are recorded as interrupted")
+            return 130
+        except BaseException:
+            self.interrupt("the driver stopped on an error")
+            raise
+
+    def interrupt(self, reason: str) -> None:
+        """Record every run in flight as interrupted and stop every worker and agent."""
+        for agent in self.agents.values():
+            agent.stop()
+        for job in self.running.values():
+            record.record(self.repo, record.interrupted_row(self.config, asdict(job), reason))
+            state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)
+        self.running.clear()
+
+    def close(self) -> None:
+        for actor, _ in self.workers.values():
+            self.ray.kill(actor)
+        for _, actor, _ in self.joining.values():
+            self.ray.kill(actor)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def short_error(e: BaseException) -> str:
+    text = str(e)
+    if "node has died" in text or "node was" in text:
+        return "its node left the cluster"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+

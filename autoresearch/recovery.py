@@ -1,0 +1,85 @@
+"""Recovery: a harness, driver or worker that died mid-run leaves a record of what it started, and the next
+command that takes the repository's lock finishes it.
+
+- `autoresearch run`/`loop` writes .autoresearch/pending.json before a run starts and removes it after the row is
+  recorded; a parallel driver writes one inflight/<run_id>.json per run it dispatches. Finding one means its
+  writer died (the lock is free, so it is certainly dead).
+- recover() kills what is left of the training (the processes recorded, each checked by its start time),
+  records the run as an interrupted crash unless its row made it, and puts the branch back where it belongs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoresearch import git, ledger, processes, record, state, tags
+from autoresearch.errors import HarnessError
+
+
+def read_pending(repo: Path) -> dict | None:
+    path = state.pending_file(repo)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"{path} is unreadable ({e}). It records the experiment that was in flight; look at "
+                           "it, then delete it to go on.") from None
+
+
+def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-run") -> list[ledger.Row]:
+    """Record every run a dead parallel driver had dispatched and not recorded (its workers died with it)."""
+    recorded = []
+    for path in sorted(state.inflight_dir(repo).glob("*.json")):
+        try:
+            job = json.loads(path.read_text())
+        except (OSError, ValueError):  # torn by a kill while written: it never reached a worker
+            path.unlink()
+            continue
+        config = json.loads(state.tag_file(repo, job['tag']).read_text())
+        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config["tag"])):
+            row = record.interrupted_row(config, job, reason)
+            ledger.append(state.results(repo), row)
+            recorded.append(row)
+            log(f"recovered an interrupted run ({job['run_id']} on {job.get('worker') or 'a worker'}): recorded as crash")
+        path.unlink()
+    return recorded
+
+
+def recover(repo: Path, log=print, reason: str = "harness died mid-run", parallel: bool = False) -> ledger.Row | None:
+    """Finish an experiment whose harness died: kill its training, record it as a crash unless its row was
+    recorded, and put the branch back on the last kept commit (or on the candidate whose series is open, for
+    `autoresearch run`; a parallel driver never moves the branch to a candidate). Only a holder of the
+    repository's lock may call this (run and loop do): then the harness that wrote pending.json is certainly
+    dead."""
+    inflight = recover_inflight(repo, log)
+    pending = read_pending(repo)
+    if pending is None:
+        if inflight or parallel:
+            branch_back(repo, parallel, inflight[-1].tag if inflight else None)
+        return inflight[-1] if inflight else None
+    processes.kill_recorded(pending.get("processes") or [])
+    config = json.loads(state.tag_file(repo, pending['tag']).read_text())
+    rows = ledger.read(state.results(repo), config["tag"])
+    row = None
+    if not any(r.run_id == pending["run_id"] for r in rows):
+        row = record.interrupted_row(config, pending, reason)
+        ledger.append(state.results(repo), row)
+        log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
+    branch_back(repo, parallel, pending["tag"])
+    (state.pending_file(repo)).unlink()
+    return row
+
+
+def branch_back(repo: Path, parallel: bool, tag: str | None) -> None:
+    """The branch back where it belongs between runs, if it is the tag's (or, tag None, any experiment branch)."""
+    name = git.branch(repo)
+    if not name.startswith(state.BRANCH_PREFIX) or (tag is not None and name != state.BRANCH_PREFIX + tag):
+        return
+    config = tags.load_tag(repo)
+    rows = ledger.read(state.results(repo), config["tag"])
+    # an open confirmation series of `autoresearch run` stays on its candidate
+    target = tags.last_kept_commit(repo, config, rows) if parallel else tags.branch_target(repo, config, rows)
+    if git.head(repo) != target:
+        git.reset_to(repo, target, state.EDITABLE)

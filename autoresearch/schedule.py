@@ -1,0 +1,80 @@
+"""What runs next: one pure function of the ledger and the runs in flight, for both loops.
+
+The sequential loop (loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver
+(cluster.py) asks each time a worker is free, with the configurations its workers are running. In order:
+1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
+   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order;
+2. no kept run yet: the baseline (again, after a crash), unless it crashed BASELINE_TRIES times, which stops the
+   loop; an interrupted run (a killed harness or worker, decide.is_interruption) is not the baseline's failure;
+3. a new proposal, once the baseline's series is complete, if the loop may begin another experiment
+   (--max-experiments, --hours and the stop button say).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autoresearch import decide
+
+BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
+FIRST_SEED = 42      # the public project's seed; under the stat rule every run of a tag gets its own after it
+
+
+@dataclass(frozen=True)
+class Next:
+    kind: str              # series (the next run of an unfinished series), baseline, propose, wait or stop
+    description: str = ""
+    commit: str = ""       # a series' commit; "" for the baseline (the branch's head) and proposals
+    run_no: int = 1        # its place in its series
+    new: bool = False      # it begins a new experiment (counted by --max-experiments)
+    reason: str = ""       # kind stop: why
+    series: decide.Series | None = None  # kind series: the series it continues
+
+
+def baseline_crashes(rows) -> int:
+    """How many times the baseline itself crashed (its interruptions do not count)."""
+    return sum(r.description.startswith("baseline") and r.status == "crash" and not decide.is_interruption(r)
+               for r in rows)
+
+
+def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_config: str) -> Next:
+    """The next run for a free worker. rows: the tag's ledger rows; running: the configuration of every run in
+    flight (empty for the sequential loop); may_begin: whether a new experiment may start; baseline_config: the
+    configuration of train.py on the branch's head (the baseline while nothing is kept)."""
+    for series in decide.unfinished(rows):
+        busy = running.count(series.config)
+        if series.kind == "baseline" and series.runs + busy < decide.BASELINE_RUNS:
+            return _repeat(series, series.runs + busy + 1)
+        if series.kind == "candidate" and not busy:
+            return _repeat(series, series.runs + 1)
+    if not any(r.status == "keep" for r in rows):
+        tries = baseline_crashes(rows)
+        if tries >= BASELINE_TRIES:
+            return Next("wait") if running else Next("stop", reason=(
+                f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): fix "
+                "train.py on the branch's base commit, or the machine, then run the loop again"))
+        busy = running.count(baseline_config)
+        if busy >= (decide.BASELINE_RUNS if rule == "stat" else 1) or (busy == 0 and not may_begin):
+            return Next("wait")
+        description = "baseline" if not tries else f"baseline (try {tries + 1})"
+        return Next("baseline", description + (f"{decide.REPEAT_MARK}{busy + 1}]" if busy else ""), run_no=busy + 1,
+                    new=busy == 0)
+    if any(s.kind == "baseline" for s in decide.unfinished(rows)):
+        return Next("wait")  # its last runs are in flight: candidates wait for the champion's mean
+    return Next("propose", new=True) if may_begin else Next("wait")
+
+
+def _repeat(series: decide.Series, run_no: int) -> Next:
+    return Next("series", f"{series.description}{decide.REPEAT_MARK}{run_no}]", series.commit, run_no, series=series)
+
+
+def seed(rows, in_flight: int, rule: str, first: int = FIRST_SEED) -> int:
+    """The seed of the next run (the harness passes it as prepare.SEED_ENV, and refuses a result with another):
+    under the stat rule every run of a tag gets its own, so that repeats are independent samples; the naive rule
+    keeps the one seed, like the public project."""
+    return first + len(rows) + in_flight if rule == "stat" else first
+
+
+def repeat_number(rows, config: str, running: list[str]) -> int:
+    """Which run of its configuration this is (1 for the first), counting those in flight."""
+    return sum(r.config == config for r in rows if r.status != "refused") + running.count(config) + 1

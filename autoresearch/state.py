@@ -1,0 +1,110 @@
+"""Where the harness keeps its state, each path defined here once, and how it writes it.
+
+    results.tsv                      the ledger (ledger.py): append-only, the record of truth
+    .autoresearch/tags/<tag>.json    written once by setup (tag.py): what the tag's runs are compared under
+    .autoresearch/pending.json       the run in flight of `autoresearch run`/`loop` (recovery.py)
+    .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (cluster.py)
+    .autoresearch/runs/<id>/         one run: run.log, evaluation.json, out/ (the only dir a training writes)
+    .autoresearch/lock               held by whoever changes state (lock.py)
+    .autoresearch/waiting.json       while a run waits for a quiet machine (machine_load.py)
+    .autoresearch/stop               the dashboard's stop button (loop.py reads it between experiments)
+    .autoresearch/detached.*         `run --detach`'s output, pid and exit status (background.py)
+
+Every JSON file is written whole or not at all (atomic_json), so a kill at any moment leaves the old file or
+the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+STATE_DIR = ".autoresearch"
+RESULTS = "results.tsv"
+BRANCH_PREFIX = "autoresearch/"
+EDITABLE = "train.py"          # the one file an experiment changes
+RUN_LOG = "run.log"            # in a run's directory, and the last run's copy at the repository's root
+EVALUATION = "evaluation.json"  # in a run's directory: the harness's evaluation
+
+
+def state_dir(repo: Path) -> Path:
+    return repo / STATE_DIR
+
+
+def results(repo: Path) -> Path:
+    return repo / RESULTS
+
+
+def tags_dir(repo: Path) -> Path:
+    return state_dir(repo) / "tags"
+
+
+def tag_file(repo: Path, tag: str) -> Path:
+    return tags_dir(repo) / f"{tag}.json"
+
+
+def pending_file(repo: Path) -> Path:
+    return state_dir(repo) / "pending.json"
+
+
+def inflight_dir(repo: Path) -> Path:
+    return state_dir(repo) / "inflight"
+
+
+def inflight_file(repo: Path, run_id: str) -> Path:
+    return inflight_dir(repo) / f"{run_id}.json"
+
+
+def runs_dir(repo: Path) -> Path:
+    return state_dir(repo) / "runs"
+
+
+def run_dir(repo: Path, run_id: str) -> Path:
+    return runs_dir(repo) / run_id
+
+
+def waiting_file(repo: Path) -> Path:
+    return state_dir(repo) / "waiting.json"
+
+
+def stop_file(repo: Path) -> Path:
+    return state_dir(repo) / "stop"
+
+
+def atomic_json(path: Path, data: dict) -> None:
+    """Write path whole or not at all. The temporary file is created new (O_EXCL, never through a link) and
+    renamed over path, which replaces whatever path was, a link a run left there included, without following it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def tail(path: Path, n: int = 50) -> str:
+    """The last n lines of a text file, or "" when there is none."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def fault_point(name: str) -> None:
+    """For the fault-injection tests and benchmark (benchmarks/faults.py): AUTORESEARCH_KILL_AT=name makes the
+    harness SIGKILL itself here, at a moment a test could not otherwise hit reliably."""
+    if os.environ.get("AUTORESEARCH_KILL_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,189 @@
+"""Supervising one training: its process tree, its output, its clock.
+
+run_training starts train.py in its own process group (inside the sandbox when there is one), copies its output
+to run.log (capped: the first and last LOG_KEEP bytes), records every process of its tree in pending.json as
+it appears (so that a later recovery kills exactly those), watches for result.json and ends the whole tree at
+the hard timeout or when the training's process ends. What it measured (exit status, seconds, CPU seconds, the
+load of other processes) is a Training; judging it is execute.py's job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoresearch import fixed, machine_load, processes, sandbox, state
+
+LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
+
+
+def progress(log_path: Path) -> tuple[float | None, str | None]:
+    """Training seconds elapsed according to the newest step line in the log (prepare.STEP_RE), and that line."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None, None
+    found = list(fixed.contract().STEP_RE.finditer(text))
+    if not found:
+        return None, None
+    line = text[found[-1].start():].split("\n", 1)[0].strip()
+    return float(found[-1]["elapsed"]), line
+
+
+@dataclass
+class Training:
+    code: int | None        # exit status, None when killed at the timeout
+    timed_out: bool
+    result_after: float | None  # seconds from the start until result.json first appeared, by the harness's clock
+    wall: float
+    cpu_at_result: float | None = None  # CPU seconds of the training's processes when result.json appeared
+    load: float | None = None   # cores other processes kept busy meanwhile
+    done_after: float | None = None  # seconds from the start until the training's process ended
+    cpu_at_done: float | None = None  # CPU seconds of its processes until then
+    rewritten: list | None = None  # contract files (result, model) changed after result.json first appeared
+
+
+def files_state(out: Path) -> dict:
+    """The contract files in out/ by identity (inode, size, mtime): a second write shows as a change."""
+    found = {}
+    for name in fixed.contract_files():
+        try:
+            st = os.lstat(out / name)
+            found[name] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        except OSError:
+            found[name] = None
+    return found
+
+
+class CappedLog:
+    """Writes a process's output to a file, keeping the first and the last LOG_KEEP bytes: a train.py that
+    prints gigabytes costs the disk at most 2 x LOG_KEEP, and the log still starts and ends as it should."""
+
+    def __init__(self, path: Path):
+        # created new, before the training starts: never a file (or a link) the training put there
+        self.file = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
+        self.path, self.dropped = path, 0
+
+    def start(self, pipe) -> None:
+        self.pipe = pipe
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        head, tail, last_flush = 0, bytearray(), 0.0
+        with self.file as f:
+            while True:
+                chunk = os.read(self.pipe.fileno(), 1 << 16)
+                eof = not chunk
+                if head < LOG_KEEP:  # the start of the log, written as it comes
+                    take = chunk[:LOG_KEEP - head]
+                    f.write(take)
+                    f.flush()
+                    head += len(take)
+                    chunk = chunk[len(take):]
+                if chunk:  # past it: a rolling window of the end, rewritten after the head twice a second
+                    tail += chunk
+                    if len(tail) > LOG_KEEP:
+                        self.dropped += len(tail) - LOG_KEEP
+                        del tail[:len(tail) - LOG_KEEP]
+                if head >= LOG_KEEP and (eof or time.time() - last_flush > 0.5):
+                    f.seek(head)
+                    if self.dropped:
+                        f.write(f"\n[... {self.dropped} bytes of output dropped here: the log keeps the first and "
+                                f"the last {LOG_KEEP} bytes ...]\n".encode())
+                    f.write(tail)
+                    f.truncate()
+                    f.flush()
+                    last_flush = time.time()
+                if eof:
+                    break
+
+    def close(self) -> None:
+        self.thread.join(timeout=30)
+        self.pipe.close()
+
+
+def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=()) -> Training:
+    """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
+    run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
+    pending.json so that a later recovery can kill exactly those. `spare`: pids of this process's children
+    that are not the training's (the waiting evaluator)."""
+    out = run_dir / sandbox.OUT_DIR
+    contract = fixed.contract()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
+    env.update(AUTORESEARCH_RUN_DIR=str(out), AUTORESEARCH_CACHE=str(view),
+               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
+    env[contract.SEED_ENV] = str(seed)
+    if "AUTORESEARCH_TIME_BUDGET" in os.environ:
+        env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
+    env.update(machine_load.clock_env(clock, threads))
+    if (run_dir / sandbox.COMPILE_DIR).is_dir():
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / sandbox.COMPILE_DIR)
+    if wrap is not None:
+        env["TMPDIR"] = "/tmp"
+    argv = [sys.executable, state.EDITABLE]
+    processes.become_subreaper()  # orphans of the training become our children: still in the tree we kill
+    log = CappedLog(run_dir / state.RUN_LOG)  # created before the training exists
+    proc = subprocess.Popen(processes.tied_to_parent(wrap(argv) if wrap else argv), cwd=repo, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    log.start(proc.stdout)
+    known = [processes.identity(proc.pid) or [proc.pid, 0.0]]
+    pending["processes"] = known
+    state.atomic_json(pending_path, pending)
+    start = time.time()
+    meter = machine_load.Meter()
+    children_before = children_cpu()
+    result_path = out / contract.RESULT_FILE
+    result_after = cpu_at_result = written = None
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            now = time.time()
+            if result_after is None and os.path.lexists(result_path):
+                result_after = now - start
+                cpu_at_result = machine_load.tree_cpu_seconds(known)
+                written = files_state(out)
+            if now - start > timeout:
+                timed_out = True
+                break
+            tree = [i for i in processes.descendants(spare) if i not in known]
+            if tree:
+                known += tree
+                state.atomic_json(pending_path, pending)
+            if on_progress:
+                on_progress(*progress(run_dir / state.RUN_LOG))
+            time.sleep(0.2)
+    finally:
+        # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
+        # result.json written at once buys no time.
+        done_after = time.time() - start
+        cpu_at_done = machine_load.tree_cpu_seconds(known)
+        known += [i for i in processes.descendants(spare) if i not in known]
+        processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
+        proc.wait()
+        processes.reap(known)
+        log.close()
+    wall = time.time() - start
+    tree_cpu = children_cpu() - children_before
+    final = files_state(out)
+    if result_after is None and final[contract.RESULT_FILE] is not None:
+        result_after, cpu_at_result, written = wall, tree_cpu, final
+    rewritten = [name for name in final if written is not None and final[name] != written[name]]
+    return Training(None if timed_out else proc.returncode, timed_out, result_after, wall, cpu_at_result,
+                    round(meter.others(tree_cpu), 3), done_after, max(cpu_at_done or 0.0, 0.0) or tree_cpu,
+                    rewritten)
+
+
+def children_cpu() -> float:
+    """CPU seconds of every child this process has waited for (the training, and orphans it reaped)."""
+    import resource
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

@@ -1,0 +1,186 @@
+"""The scheduler (schedule.py) on its own, and the two loops on one night: the sequential loop (loop.py) and the
+parallel driver (driver.py, one worker) given the same outcomes must record the same decisions.
+
+The night is real harness code end to end (tags, git commits, the guard, the recorder, the branch moves, the
+workers' clones) except for the training: execute.execute is replaced by a deterministic stand-in whose val_bpb is
+a function of train.py and the seed, and Ray by an in-process stand-in that runs each actor call at once."""
+
+import argparse
+import re
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from autoresearch import decide, execute, ledger, loop, record, schedule, state, supervise, tags
+from autoresearch.ledger import Row
+
+
+def row(status, config, description, decision="", val=0.0, commit="c0ffee0"):
+    return Row(commit=commit, val_bpb=val, memory_gb=0.0, status=status, description=description, tag="t",
+               run_id=f"r{description}", time="", budget_s=2, steps=0, wall_s=0.0, fingerprint="f", seed=0,
+               config=config, decision=decision)
+
+
+BASE = [row("keep", "base", "baseline", "baseline 1/3", 1.0)]
+FULL_BASE = BASE + [row("keep", "base", "baseline [run 2]", "baseline 2/3", 1.01),
+                    row("keep", "base", "baseline [run 3]", "baseline 3/3", 0.99)]
+
+
+def test_an_empty_ledger_starts_the_baseline_and_counts_it_as_an_experiment():
+    step = schedule.next_run([], [], "stat", True, "base")
+    assert (step.kind, step.description, step.new) == ("baseline", "baseline", True)
+    assert schedule.next_run([], [], "stat", False, "base").kind == "wait"  # --max-experiments 0, or stopping
+
+
+def test_the_baselines_runs_go_out_side_by_side_up_to_three():
+    assert schedule.next_run(BASE, [], "stat", False, "base").description == "baseline [run 2]"  # even when stopping
+    assert schedule.next_run(BASE, ["base"], "stat", True, "base").description == "baseline [run 3]"
+    assert schedule.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"
+    # the first run in flight, nothing recorded: two more may start; the naive rule runs it once
+    assert schedule.next_run([], ["base"], "stat", True, "base").description == "baseline [run 2]"
+    assert schedule.next_run([], ["base"], "naive", True, "base").kind == "wait"
+
+
+def test_a_killed_harness_is_not_the_baselines_crash_and_three_real_crashes_stop_the_loop():
+    interrupted = [row("crash", "base", "baseline [interrupted: harness died mid-run]", "interrupted")]
+    assert schedule.next_run(interrupted, [], "stat", True, "base").description == "baseline"
+    crashed = [row("crash", "base", f"baseline [crash: exit status 1]") for _ in range(2)]
+    assert schedule.next_run(crashed, [], "stat", True, "base").description == "baseline (try 3)"
+    # a worker whose harness code failed is recorded with no "interrupted" decision: it counts
+    failed = crashed + [row("crash", "base", "baseline [interrupted: w1 failed: boom]")]
+    assert schedule.next_run(failed, [], "stat", True, "base").kind == "stop"
+    assert schedule.next_run(failed, ["base"], "stat", True, "base").kind == "wait"  # a run in flight ends first
+
+
+def test_a_candidates_confirmation_runs_one_at_a_time_before_new_proposals():
+    rows = FULL_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, commit="abcdef1")]
+    step = schedule.next_run(rows, [], "stat", False, "base")
+    assert (step.kind, step.commit, step.description, step.run_no, step.new) == (
+        "series", "abcdef1", "lr up [run 2]", 2, False)
+    assert schedule.next_run(rows, ["cand"], "stat", True, "base").kind == "propose"
+    assert schedule.next_run(FULL_BASE, [], "stat", True, "base").kind == "propose"
+    assert schedule.next_run(FULL_BASE, [], "stat", False, "base").kind == "wait"
+    assert schedule.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"  # the champion's mean first
+
+
+def test_seeds_and_repeat_numbers_count_the_runs_in_flight():
+    assert schedule.seed(FULL_BASE, 0, "stat") == 45 and schedule.seed(FULL_BASE, 2, "stat") == 47
+    assert schedule.seed(FULL_BASE, 2, "naive") == 42
+    assert schedule.repeat_number(FULL_BASE, "base", ["base"]) == 5
+
+
+# --- one night through both loops ------------------------------------------------------------------------------
+
+LRS = [0.02, 0.05, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (the baseline has 0.04)
+
+
+def fake_execute(repo, config, run_dir, seed, *args, **kw):
+    """val_bpb as a function of train.py's MATRIX_LR and the seed: best at 0.03, noise of a few thousandths. The
+    very first run of the night (seed 42+1: one interrupted row precedes it) crashes."""
+    source = (repo / "train.py").read_text()
+    lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
+    (run_dir / state.RUN_LOG).write_text(f"trained with MATRIX_LR={lr} seed={seed}\n")
+    training = supervise.Training(0, False, 1.0, 1.0, done_after=2.5, cpu_at_done=2.0)
+    if seed == 43:
+        return execute.Execution("crash", "exit status 1", None, {}, supervise.Training(1, False, None, 1.0))
+    val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * ((seed * 7919) % 5 - 2)
+    result = {"memory_gb": 0.1, "num_steps": 10, "compile_seconds": 0.1, "tokens_per_second": 1.0}
+    return execute.Execution("ok", "", result, {"val_bpb": val, "test_bpb": val + 0.01}, training)
+
+
+AGENT = """import os, pathlib, re, sys
+counter = pathlib.Path(os.environ["LR_COUNTER"])
+n = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(n + 1))
+lr = {lrs}[n % {k}]
+path = pathlib.Path("train.py")
+path.write_text(re.sub(r"^MATRIX_LR = [\\d.]+", f"MATRIX_LR = {{lr}}", path.read_text(), count=1, flags=re.M))
+print(f"DESCRIPTION: MATRIX_LR {{lr}}")
+"""
+
+
+class FakeRay:
+    """Ray's calls the driver makes, in process: every actor method runs when it is called."""
+
+    class exceptions:
+        class RayError(Exception):
+            pass
+
+        class RayTaskError(RayError):
+            pass
+
+    class Ref:
+        def __init__(self, fn):
+            try:
+                self.value, self.error = fn(), None
+            except Exception as e:  # noqa: BLE001 - handed back at get, as Ray does
+                self.value, self.error = None, e
+
+    class Actor:
+        def __init__(self, obj):
+            for name in ("join", "run"):
+                method = getattr(obj, name)
+                setattr(self, name, SimpleNamespace(remote=lambda *a, m=method: FakeRay.Ref(lambda: m(*a))))
+
+    def remote(self, cls):
+        return SimpleNamespace(options=lambda **kw: SimpleNamespace(
+            remote=lambda *a: FakeRay.Actor(cls(*a))))
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        if ref.error is not None:
+            raise self.exceptions.RayTaskError(str(ref.error))
+        return ref.value
+
+    def kill(self, actor):
+        pass
+
+
+def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
+    """Six experiments (the baseline, its retry after a crash, four proposals), one worker; the ledger they leave."""
+    from autoresearch import driver
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr(execute, "execute", fake_execute)
+    monkeypatch.setenv("LR_COUNTER", str(tmp_path / f"counter-{parallel}"))
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT.format(lrs=LRS, k=len(LRS)))
+    config = tags.setup(repo, "night", sandbox_mode="off")
+    # a harness killed during the first baseline run: not the baseline's failure, in either loop
+    ledger.append(state.results(repo), record.interrupted_row(
+        config, {"run_id": "killed", "parent": config["base_commit"], "description": "baseline"}, "harness died"))
+    args = argparse.Namespace(agent=f"{sys.executable} {agent}", agent_timeout=60, tag="night", sandbox="off",
+                              decision=None, max_experiments=6, hours=None, workers=1, threads=1, ray_address=None)
+    if parallel:
+        d = driver.Driver(repo, config, args, FakeRay(), gpu=False, log=lambda *a: None)
+        assert d.main(1) == 0
+    else:
+        assert loop.main(repo, args, log=lambda *a: None) == 0
+    return ledger.read(state.results(repo), "night")
+
+
+def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo, env, tmp_path, monkeypatch):
+    for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_COMPILE_CACHE",
+                "AUTORESEARCH_LOAD_LIMIT"):
+        monkeypatch.setenv(key, env[key])
+    for key in ("OMP_NUM_THREADS", "AUTORESEARCH_BUDGET_CLOCK"):  # a worker sets them for its process: undone after
+        monkeypatch.setenv(key, "1" if key == "OMP_NUM_THREADS" else "wall")
+    import shutil
+    twin = tmp_path / "twin"
+    shutil.copytree(repo, twin)
+    sequential = night(repo, tmp_path, monkeypatch, parallel=False)
+    parallel = night(twin, tmp_path, monkeypatch, parallel=True)
+
+    def decisions(rows):
+        return [(decide.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
+                for r in rows]
+    assert decisions(sequential) == decisions(parallel)
+    statuses = [r.status for r in sequential]
+    # interrupted, the baseline's crash, its retry's three runs, then each proposal to its decision
+    assert statuses[:5] == ["crash", "crash", "keep", "keep", "keep"], statuses
+    assert sequential[2].description == "baseline (try 2)"
+    assert {"discard", "keep"} <= set(statuses[5:]), statuses
+    proposals = {decide.base_description(r.description) for r in sequential[5:]}
+    assert proposals == {f"MATRIX_LR {lr}" for lr in LRS}
