@@ -105,7 +105,7 @@ def main():
     tok = Tokenizer.from_directory()
     device = torch.device("cpu")
     dtype, dtype_reason = train.pick_dtype(device)
-    compiled, compile_reason = train.pick_compile(device)
+    compiled, compile_reason = train.pick_compile(device, train.USE_COMPILE)
     vocab = tok.get_vocab_size()
     print(f"profile={train.PROFILE} threads={torch.get_num_threads()} seq={MAX_SEQ_LEN} vocab={vocab} "
           f"batch={train.TOTAL_BATCH_SIZE} tokens/step eval rows={train.EVAL_BATCH_SIZE}\n"

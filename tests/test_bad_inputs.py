@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import prepare
-from autoresearch import data, fixed, ledger, run, sandbox, supervise
+from autoresearch import data, fixed, ledger, run, sandbox, sources, supervise
 from conftest import cli, make_corpus
 from test_harness import rows
 
@@ -124,9 +124,9 @@ def test_not_parquet_at_all_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_utf16_and_bom_text_files_are_decoded_not_mangled(tmp_path):
     text = "Grüße aus 東京.\n\n" * 3
-    assert data.decode_text(text.encode("utf-16")) == text
-    assert data.decode_text(text.encode("utf-8-sig")) == text
-    assert data.decode_text(text.encode("utf-8")) == text
+    assert sources.decode_text(text.encode("utf-16")) == text
+    assert sources.decode_text(text.encode("utf-8-sig")) == text
+    assert sources.decode_text(text.encode("utf-8")) == text
 
 
 @pytest.mark.parametrize("files, message", [

