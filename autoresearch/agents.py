@@ -147,3 +147,46 @@ class ExternalAgent:
         """End the agent's process group if it is still thinking (a parallel loop stopping from another thread)."""
         if self.proc is not None and self.proc.poll() is None:
             _kill_group(self.proc)
+
+
+class WorkerProposers:
+    """The proposers of a parallel loop (driver.py): the built-in one, shared and told what is in flight, or one
+    external agent per worker, each editing its own working copy beside the workers' copies, so that agents think
+    side by side. propose() runs in a thread of the driver."""
+
+    def __init__(self, repo: Path, tag: str, spec: str, timeout: float):
+        self.repo, self.tag, self.spec, self.timeout = repo, tag, spec, timeout
+        self.agents: dict[str, ExternalAgent] = {}
+        self.builtin = None
+        if spec == "builtin":
+            import prepare
+
+            from autoresearch.proposer import BuiltinProposer
+            manifest = prepare.require_manifest()
+            self.builtin = BuiltinProposer(repo, tag, manifest["profile"], manifest["max_seq_len"])
+
+    def propose(self, name: str, head: str, running_sources: list[str], in_flight: list[str]) -> tuple[str, str]:
+        """(train.py, description) of a new candidate off `head` for worker `name`."""
+        if self.builtin is not None:
+            return self.builtin.propose_source(git.git(self.repo, "show", f"{head}:train.py", strip=False),
+                                               running_sources)
+        agent = self.agents.get(name)
+        if agent is None:
+            from autoresearch.worker import workers_dir
+            workdir = workers_dir(self.tag, self.repo) / f"agent-{name}"
+            if not (workdir / ".git").exists():
+                workdir.parent.mkdir(parents=True, exist_ok=True)
+                git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
+            agent = self.agents[name] = ExternalAgent(self.repo, self.tag, self.spec, self.timeout, workdir)
+        git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
+        git.git(agent.workdir, "clean", "-q", "-f", "-d")
+        description = agent.propose({"in_flight": in_flight})
+        return (agent.workdir / "train.py").read_text(), description
+
+    def observe(self, name: str, outcome) -> None:
+        if name in self.agents:
+            self.agents[name].observe(outcome)
+
+    def stop(self) -> None:
+        for agent in self.agents.values():
+            agent.stop()

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from autoresearch import (agents, decide, errors, execute, git, ledger, loop, record, run, schedule, state, supervise,
                           tags)
-from autoresearch.worker import Worker, workers_dir
+from autoresearch.worker import Worker
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
 JOIN_WAIT = 30          # seconds the loop waits for all its workers before it starts with those that joined
@@ -94,12 +94,7 @@ class Driver:
         self.failures = 0
         self.stopping = False
         self.deadline = time.time() + args.hours * 3600 if args.hours else None
-        self.agents: dict[str, object] = {}
-        if args.agent == "builtin":
-            import prepare
-            from autoresearch.proposer import BuiltinProposer
-            manifest = prepare.require_manifest()
-            self.proposer = BuiltinProposer(repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
+        self.proposers = agents.WorkerProposers(repo, config["tag"], args.agent, args.agent_timeout)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent == "builtin" else 64)
 
     # --- workers -------------------------------------------------------------------------------------
@@ -136,9 +131,6 @@ class Driver:
 
     # --- what to run next -----------------------------------------------------------------------------
 
-    def in_flight(self, config_id: str) -> int:
-        return sum(job.config == config_id for job in self.running.values())
-
     def may_begin(self) -> bool:
         limit = self.args.max_experiments
         return ((limit is None or self.started < limit) and (self.deadline is None or time.time() < self.deadline)
@@ -174,35 +166,16 @@ class Driver:
                    info["protection"], state.now(), source, tags.config_of(self.repo, champion),
                    git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False))
 
-    def propose(self, name: str, rows) -> None:
+    def propose(self, name: str) -> None:
+        """A new candidate for worker `name`, in a thread: external agents think side by side."""
         head = git.head(self.repo)
-        source = git.git(self.repo, "show", f"{head}:{state.EDITABLE}", strip=False)
-        running = [job.source for job in self.running.values()]
-        future = self.pool.submit(self._proposal, name, head, source, running,
-                                  [job.description for job in self.running.values()])
+        future = self.pool.submit(lambda: (head, *self.proposers.propose(
+            name, head, [job.source for job in self.running.values()],
+            [job.description for job in self.running.values()])))
         self.proposing[future] = name
         if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
             concurrent.futures.wait([future])
             self.proposed(future)
-
-    def _proposal(self, name: str, head: str, source: str, running: list[str],
-                  descriptions: list[str]) -> tuple[str, str, str]:
-        """(parent, new train.py, description), in a thread: external agents think side by side."""
-        if self.args.agent == "builtin":
-            new_source, description = self.proposer.propose_source(source, running)
-            return head, new_source, description
-        agent = self.agents.get(name)
-        if agent is None:
-            workdir = workers_dir(self.config["tag"], self.repo) / f"agent-{name}"
-            if not (workdir / ".git").exists():
-                workdir.parent.mkdir(parents=True, exist_ok=True)
-                git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
-            agent = self.agents[name] = agents.ExternalAgent(self.repo, self.config["tag"], self.args.agent,
-                                                             self.args.agent_timeout, workdir)
-        git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
-        git.git(agent.workdir, "clean", "-q", "-f", "-d")
-        description = agent.propose({"in_flight": descriptions})
-        return head, (agent.workdir / state.EDITABLE).read_text(), description
 
     def proposed(self, future) -> None:
         name = self.proposing.pop(future)
@@ -271,10 +244,8 @@ class Driver:
             self.lost(job.worker)
             return
         self.free.append(job.worker)
-        agent = self.agents.get(job.worker)
-        if agent is not None:
-            agent.observe(run.Outcome(row, None, state.tail(run_dir / state.RUN_LOG), run_dir, ex.result,
-                                      ex.evaluation))
+        self.proposers.observe(job.worker, run.Outcome(row, None, state.tail(run_dir / state.RUN_LOG), run_dir,
+                                                       ex.result, ex.evaluation))
 
     def recorded(self, job: Job, row: ledger.Row, run_dir: Path | None = None) -> None:
         """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""
@@ -312,7 +283,7 @@ class Driver:
                         break
                     name = self.free.pop(0)
                     if what == "propose":
-                        self.propose(name, rows)
+                        self.propose(name)
                     else:
                         self.dispatch(what)
                     rows = ledger.read(self.results, self.config["tag"])
@@ -345,8 +316,7 @@ class Driver:
 
     def interrupt(self, reason: str) -> None:
         """Record every run in flight as interrupted and stop every worker and agent."""
-        for agent in self.agents.values():
-            agent.stop()
+        self.proposers.stop()
         for job in self.running.values():
             record.record(self.repo, record.interrupted_row(self.config, asdict(job), reason))
             state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)

@@ -36,17 +36,19 @@ def fingerprint(repo: Path) -> str:
 
 
 def budget() -> float:
-    prepare = contract()
-    try:
-        return prepare.time_budget()
-    except prepare.PrepareError as e:
-        raise HarnessError(str(e)) from None
+    """The time budget this process runs under (AUTORESEARCH_TIME_BUDGET, else the default)."""
+    return _setting("time_budget")
 
 
 def clock() -> str:
+    """The budget's clock, wall or cpu (AUTORESEARCH_BUDGET_CLOCK)."""
+    return _setting("budget_clock_kind")
+
+
+def _setting(name: str):
     prepare = contract()
     try:
-        return prepare.budget_clock_kind()
+        return getattr(prepare, name)()
     except prepare.PrepareError as e:
         raise HarnessError(str(e)) from None
 
