@@ -117,6 +117,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phases-only", action="store_true", help="only kills at named moments (fast)")
     parser.add_argument("--keep", help="keep the clone here instead of a temporary directory")
+    parser.add_argument("--eager", action="store_true", help="train.py without torch.compile and no compile cache: "
+                        "the faults are the same, a 2-core machine saves the cold compile (the test's setting)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=f"{args.budget:g}")
@@ -125,6 +127,13 @@ def main() -> int:
     repo = Path(args.keep or tmp) / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work"], check=True)
+    if args.eager:
+        sys.path.insert(0, str(ROOT))
+        from autoresearch.edit import set_constants
+        (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": False}, "cpu"))
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=faults", "-c", "user.email=f@f", "commit", "-qam",
+                        "eager"], check=True)
+        env["AUTORESEARCH_COMPILE_CACHE"] = "off"
     counts, violations, t0 = {}, [], time.time()
     for i in range(args.kills):
         if args.phases_only:

@@ -11,7 +11,7 @@ def test_sigkill_at_four_moments_loses_nothing(small_cache, tmp_path):
     import os
     env = dict(os.environ, AUTORESEARCH_CACHE=str(small_cache))
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--kills", "4", "--budget", "2",
-                           "--phases-only", "--keep", str(tmp_path)], env=env, capture_output=True, text=True,
+                           "--phases-only", "--eager", "--keep", str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "4 SIGKILLs in 4 rounds" in proc.stdout and "violations: 0" in proc.stdout
