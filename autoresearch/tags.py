@@ -232,7 +232,7 @@ def last_kept_commit(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
 def branch_target(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
     """Where the branch belongs between runs: on the candidate while its confirmation series is open, else on
     the champion (the last kept commit)."""
-    series = decide.open_series(rows)
+    series = decide.latest_unfinished(rows)
     if series is not None and series.kind == "candidate":
         return git.git(repo, "rev-parse", series.commit)
     return last_kept_commit(repo, config, rows)
