@@ -90,31 +90,31 @@ def _row(status, value, config, decision="", description="d"):
                config=config, decision=decision)
 
 
-def test_open_series_from_the_ledger():
-    from autoresearch.decide import open_series
+def test_unfinished_series_from_the_ledger():
+    from autoresearch.decide import latest_unfinished
     base = [_row("keep", 1.6, "a", "baseline 1/3", "baseline")]
-    assert open_series(base).kind == "baseline" and open_series(base).runs == 1
+    assert latest_unfinished(base).kind == "baseline" and latest_unfinished(base).runs == 1
     three = base + [_row("keep", 1.61, "a", "baseline 2/3"), _row("keep", 1.62, "a", "baseline 3/3")]
-    assert open_series(three) is None
+    assert latest_unfinished(three) is None
     confirming = three + [_row("confirm", 1.59, "b", "P 0.7 after one run", "try b")]
-    series = open_series(confirming)
+    series = latest_unfinished(confirming)
     assert (series.kind, series.config, series.runs, series.description) == ("candidate", "b", 1, "try b")
     # a killed harness (interrupted) and a refusal leave it open; the candidate's own crash closes it
     interrupted = confirming + [_row("crash", 0.0, "b", "interrupted"), _row("refused", 0.0, "b")]
-    assert open_series(interrupted).runs == 1
-    assert open_series(interrupted + [_row("crash", 0.0, "b")]) is None
-    assert open_series(confirming + [_row("discard", 1.7, "b", "P 0.1 < 0.5 after 2 runs")]) is None
+    assert latest_unfinished(interrupted).runs == 1
+    assert latest_unfinished(interrupted + [_row("crash", 0.0, "b")]) is None
+    assert latest_unfinished(confirming + [_row("discard", 1.7, "b", "P 0.1 < 0.5 after 2 runs")]) is None
 
 
 def test_parallel_workers_leave_several_series_open_and_each_closes_on_its_own_rows():
-    from autoresearch.decide import open_series, open_serieses, series_of
+    from autoresearch.decide import latest_unfinished, series_of, unfinished
     three = [_row("keep", 1.6, "a", f"baseline {i}/3", "baseline") for i in (1, 2, 3)]
     # b and c confirm side by side; d's first run is discarded in between: it closes neither
     rows = three + [_row("confirm", 1.59, "b", "P 0.7", "try b"), _row("confirm", 1.58, "c", "P 0.8", "try c"),
                     _row("discard", 1.8, "d", "3 sigma worse", "try d")]
-    assert [s.config for s in open_serieses(rows)] == ["b", "c"]  # the one waiting longest first
-    assert open_series(rows).config == "c"
+    assert [s.config for s in unfinished(rows)] == ["b", "c"]  # the one waiting longest first
+    assert latest_unfinished(rows).config == "c"
     rows.append(_row("discard", 1.62, "b", "P 0.3 < 0.5 after 2 runs"))
-    assert [s.config for s in open_serieses(rows)] == ["c"] and series_of(rows, "b") is None
+    assert [s.config for s in unfinished(rows)] == ["c"] and series_of(rows, "b") is None
     rows.append(_row("crash", 0.0, "c", "interrupted"))  # a worker died during c's run: still open
     assert series_of(rows, "c").runs == 1

@@ -39,7 +39,14 @@ def test_keep_discard_crash_and_status(repo, env):
     assert base.returncode == 0, base.stdout + base.stderr
     assert re.search(r"^keep: val_bpb=", base.stdout, re.M) and base.stdout.count("| baseline ") == 3  # 3 runs, 3 seeds
     kept = head(repo)
-    assert [r.status for r in rows(repo)] == ["keep"] * 3 and {r.commit for r in rows(repo)} == {kept[:7]}
+    baseline = rows(repo)
+    assert [r.status for r in baseline] == ["keep"] * 3 and {r.commit for r in baseline} == {kept[:7]}
+    assert [r.n for r in baseline] == [1, 2, 3] and len({r.config for r in baseline}) == 1
+    assert [r.decision for r in baseline] == ["baseline 1/3", "baseline 2/3", "baseline 3/3"]
+    assert len({r.seed for r in baseline}) == 3  # three seeds: three independent samples
+    assert abs(baseline[-1].mean - sum(r.val_bpb for r in baseline) / 3) < 1e-6 and baseline[-1].sem > 0
+    assert (f"champion: val_bpb {baseline[-1].mean:.6f} +- {baseline[-1].sem:.6f} over 3 run(s)"
+            in cli(repo, "status", env=env).stdout)
     assert re.search(r"val_bpb=\d\.\d{4}", (repo / "run.log").read_text())
 
     # a worse change: nothing learns with every learning rate at zero
@@ -238,18 +245,17 @@ def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, r
     assert "--- last 50 lines of the log" in out.stdout
 
 
-@pytest.mark.parametrize("budget", ["abc", "0", "nan", "10000", "-5"])
-def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env, budget):
-    bad = dict(env, AUTORESEARCH_TIME_BUDGET=budget)
-    out = cli(repo, "setup", "--tag", "b", env=bad)
-    assert out.returncode == 2 and "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr
+def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env):
     assert cli(repo, "setup", "--tag", "b", env=env).returncode == 0
-    for args in (["run", "-m", "x"], ["loop", "--max-experiments", "1"]):
-        out = cli(repo, *args, env=bad)
-        assert out.returncode == 2, (args, out.stdout, out.stderr)
-        assert "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr, (args, out.stderr)
-    proc = subprocess.run([sys.executable, "train.py"], cwd=repo, env=bad, capture_output=True, text=True)
-    assert proc.returncode != 0 and "AUTORESEARCH_TIME_BUDGET" in proc.stderr
+    for budget in ("abc", "0", "nan", "10000", "-5"):
+        bad = dict(env, AUTORESEARCH_TIME_BUDGET=budget)
+        for args in (["setup", "--tag", "b2"], ["run", "-m", "x"], ["loop", "--max-experiments", "1"]):
+            out = cli(repo, *args, env=bad)
+            assert out.returncode == 2, (budget, args, out.stdout, out.stderr)
+            assert "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr, (budget, args, out.stderr)
+        proc = subprocess.run([sys.executable, "train.py"], cwd=repo, env=bad, capture_output=True, text=True)
+        assert proc.returncode != 0 and "AUTORESEARCH_TIME_BUDGET" in proc.stderr, budget
+    assert not (repo / "results.tsv").read_text().count("\n") > 1  # nothing ran
 
 
 def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, env, small_cache, tmp_path):

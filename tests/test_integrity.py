@@ -200,16 +200,18 @@ def _harness_state(repo):
             "hook": (repo / ".git/hooks/post-commit").exists(), "pycache": (repo / "__pycache__").exists()}
 
 
-@pytest.mark.parametrize("what", sorted(TAMPERING))
-def test_changing_the_harness_state_is_refused_and_undone(repo, env, what):
+def test_changing_the_harness_state_is_refused_and_undone(repo, env):
+    """All four at once (the ledger, the tag file, a git hook, forged bytecode): each is named and undone."""
     assert cli(repo, "setup", "--tag", "t", "--sandbox", "off", env=env).returncode == 0
     state = _harness_state(repo)
-    (repo / "train.py").write_text(attack(prelude="import pathlib\n" + TAMPERING[what]))
+    (repo / "train.py").write_text(attack(prelude="import pathlib\n" + "\n".join(TAMPERING.values())))
     out = cli(repo, "run", "-m", "tamper", env=env)
     assert out.returncode == 1 and "refused:" in out.stdout, out.stdout + out.stderr
     [row] = ledger.read(repo / "results.tsv")
     assert row.status == "refused" and "changed files outside its run directory" in row.description
     assert "(restored)" in row.description
+    for name in ("results.tsv", ".autoresearch/tags/t.json", ".git/hooks/post-commit", "__pycache__"):
+        assert name in row.description, (name, row.description)
     after = _harness_state(repo)
     assert after["tag"] == state["tag"] and not after["hook"] and not (repo / "__pycache__" / "prepare.cpython-311.pyc").exists()
     assert after["ledger"].count("\n") == 2 and "forged" not in after["ledger"]
