@@ -45,7 +45,7 @@ def _status(repo: Path) -> str:
     damaged = []
     rows = ledger.read(state.results(repo), config["tag"], damaged=damaged)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    from autoresearch import dashboard, machine, report
+    from autoresearch import facts, machine, report
     hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
     lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s on the {config['clock']} clock | "
              f"fingerprint {config['fingerprint'][:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
@@ -68,7 +68,7 @@ def _status(repo: Path) -> str:
             lines.append(json.loads(waiting.read_text())["text"])
         except (OSError, ValueError, KeyError):
             pass
-    for job in dashboard.in_flight(repo):  # a parallel loop's runs (pending.json is shown above)
+    for job in facts.in_flight(repo):  # a parallel loop's runs (pending.json is shown above)
         if job.get("worker"):
             lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
                          f"{job['description']} (run {job['run_id']}, started {job['started']})"
@@ -247,9 +247,9 @@ def _command(args) -> int:
     if args.command == "status" and args.json:
         import json
 
-        from autoresearch import dashboard
+        from autoresearch import facts
         config = tags.load_tag(repo)
-        print(json.dumps(dashboard.facts(state.results(repo), repo, config["tag"]), indent=1))
+        print(json.dumps(facts.facts(state.results(repo), repo, config["tag"]), indent=1))
     elif args.command == "status":
         print(_status(repo))
     return OK

@@ -236,11 +236,11 @@ def main(args) -> str:
     if not rows:
         raise errors.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
-        from autoresearch import dashboard
-        data = dashboard.facts(path, repo, tag)
+        from autoresearch import dashboard, facts
+        data = facts.facts(path, repo, tag)
         if args.json:
             return json.dumps(data, indent=1)
-        Path(args.html).write_text(dashboard.page(dashboard.attach_details(data, repo)), encoding="utf-8")
+        Path(args.html).write_text(dashboard.page(facts.attach_details(data, repo)), encoding="utf-8")
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)

@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from test_dashboard import browser, start_dashboard, wait_until  # noqa: E402
 
-from autoresearch import dashboard, ledger  # noqa: E402
+from autoresearch import facts, ledger  # noqa: E402
 
 
 def main() -> int:
@@ -54,7 +54,7 @@ def main() -> int:
             def ready():
                 path = repo / "results.tsv"
                 rows = ledger.read(path, "night") if path.exists() else []
-                return len(rows) >= args.runs and dashboard.in_flight(repo)
+                return len(rows) >= args.runs and facts.in_flight(repo)
             wait_until(ready, timeout=args.runs * (args.budget + 40) + 120, what=f"{args.runs} runs")
             time.sleep(args.budget / 2)  # the run in flight halfway
             driver.get(url)
