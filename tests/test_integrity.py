@@ -179,11 +179,11 @@ def test_editing_the_data_in_place_fails_in_the_sandbox(repo, env, own_cache, bw
     assert data_intact(own_cache)
 
 
-@pytest.mark.parametrize("where", ["before its clock", "past the budget"])
-def test_training_longer_than_the_budget_is_refused(repo, env, where):
+def test_time_before_the_training_clock_starts_counts(repo, env):
+    """Seconds slept before train.py starts its own clock are the harness's seconds all the same (training past
+    the budget: benchmarks/redteam.py's past-the-budget, in test_redteam)."""
     env["AUTORESEARCH_OUTSIDE_ALLOWANCE"] = "3"
-    source = attack(prelude="time.sleep(6)") if where == "before its clock" else attack(extra_seconds=6)
-    out, row = run_attack(repo, env, source)
+    out, row = run_attack(repo, env, attack(prelude="time.sleep(6)"))
     assert row.status == "refused" and "more than the 2 s budget plus the 3 s allowance" in row.description
 
 
