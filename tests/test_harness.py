@@ -245,7 +245,8 @@ def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, r
     assert "--- last 50 lines of the log" in out.stdout
 
 
-def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env):
+def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env, monkeypatch):
+    import prepare
     assert cli(repo, "setup", "--tag", "b", env=env).returncode == 0
     for budget in ("abc", "0", "nan", "10000", "-5"):
         bad = dict(env, AUTORESEARCH_TIME_BUDGET=budget)
@@ -253,9 +254,13 @@ def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env):
             out = cli(repo, *args, env=bad)
             assert out.returncode == 2, (budget, args, out.stdout, out.stderr)
             assert "AUTORESEARCH_TIME_BUDGET" in out.stderr and "Traceback" not in out.stderr, (budget, args, out.stderr)
-        proc = subprocess.run([sys.executable, "train.py"], cwd=repo, env=bad, capture_output=True, text=True)
-        assert proc.returncode != 0 and "AUTORESEARCH_TIME_BUDGET" in proc.stderr, budget
-    assert not (repo / "results.tsv").read_text().count("\n") > 1  # nothing ran
+        monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", budget)  # what train.py reads, through prepare
+        with pytest.raises(prepare.PrepareError, match="AUTORESEARCH_TIME_BUDGET"):
+            prepare.time_budget()
+    proc = subprocess.run([sys.executable, "train.py"], cwd=repo, env=dict(env, AUTORESEARCH_TIME_BUDGET="abc"),
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "AUTORESEARCH_TIME_BUDGET" in proc.stderr
+    assert (repo / "results.tsv").read_text().count("\n") == 1  # the header: nothing ran
 
 
 def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, env, small_cache, tmp_path):
