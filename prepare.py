@@ -664,6 +664,9 @@ def check_loss(step: int, loss: float) -> None:
 def run_seed(default: int = 42) -> int:
     """The run's seed: the harness's (SEED_ENV, a new one for every run of a series), or `default` by hand. A
     result.json with another seed is refused."""
+    raw = os.environ.get(SEED_ENV, "").strip()
+    if raw and harness_seed() is None:
+        raise PrepareError(f"{SEED_ENV}={raw!r} is not a whole number (the harness sets it; by hand, unset it)")
     seed = harness_seed()
     return default if seed is None else seed
 

@@ -72,7 +72,7 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
     lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{'' if r.mean is None else f'{r.mean:.6f}'}\t{r.memory_gb:.1f}\t"
               f"{r.status}\t{r.description}" for r in rows[-40:]]
     lines.append("\n" + report.champion_text(rows, report.configurations(rows, repo)))
-    if in_flight:  # parallel workers (cluster.py): propose something else
+    if in_flight:  # parallel workers (driver.py): propose something else
         lines += ["\n## Running now on other workers (do not propose these again)"] + [f"- {d}" for d in in_flight]
     if last_outcome is not None and last_outcome.row.status == "crash":
         lines += ["\n## The last experiment crashed; the end of its log:", last_outcome.log_tail]
@@ -88,7 +88,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 class ExternalAgent:
-    """An agent that edits train.py in `workdir`: the repository itself, or for parallel workers (cluster.py)
+    """An agent that edits train.py in `workdir`: the repository itself, or for parallel workers (driver.py)
     one working copy per agent. The prompt is always built from the repository's results.tsv."""
 
     def __init__(self, repo: Path, tag: str, spec: str, timeout: float, workdir: Path | None = None):

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
 
 
 def _checked(args) -> int:
-    from autoresearch import agents, errors, git, ledger, lock, machine_load
+    from autoresearch import agents, errors, facts, git, ledger, lock, machine_load
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
@@ -168,7 +168,7 @@ def _checked(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return FAILED
     except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
-            lock.LockHeld, DashboardError, machine_load.Settings) as e:
+            lock.LockHeld, DashboardError, facts.BadQuery, machine_load.Settings) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:

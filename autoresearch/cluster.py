@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from autoresearch import agents, errors, git, machine, recovery, tags
+from autoresearch import agents, errors, fixed, git, machine, recovery, tags
 from autoresearch.driver import Driver, Stop
 
 
@@ -93,6 +93,7 @@ def main(repo: Path, args, log=print) -> int:
     if git.changed_files(repo):
         raise errors.HarnessError("uncommitted changes in " + ", ".join(git.changed_files(repo)[:5]) + ": the driver's "
                                "work tree holds the champion while workers run candidates. Commit or stash them.")
+    fixed.check_contract()
     hw = machine.hardware()
     existing = tags.existing(repo, args.tag)
     workers, threads = plan(args, hw, tags.threads_per_run(existing) if existing else None)

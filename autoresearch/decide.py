@@ -160,7 +160,7 @@ def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series |
 
 def unfinished(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
     """Every unfinished series, the one whose last run is oldest first. One harness leaves at most one open;
-    parallel workers (cluster.py) may leave several."""
+    parallel workers (driver.py) may leave several."""
     last_index = {}
     for i, r in enumerate(rows):
         if r.status != "refused" and not is_interruption(r):

@@ -169,9 +169,10 @@ class Driver:
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""
         head = git.head(self.repo)
-        future = self.pool.submit(lambda: (head, *self.proposers.propose(
-            name, head, [job.source for job in self.running.values()],
-            [job.description for job in self.running.values()])))
+        # read here, on the driver's thread: the proposal's thread must not iterate what the driver changes
+        sources = [job.source for job in self.running.values()]
+        descriptions = [job.description for job in self.running.values()]
+        future = self.pool.submit(lambda: (head, *self.proposers.propose(name, head, sources, descriptions)))
         self.proposing[future] = name
         if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
             concurrent.futures.wait([future])

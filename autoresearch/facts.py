@@ -23,7 +23,8 @@ class BadQuery(ValueError):
 def parse_log(text: str) -> dict:
     """A training log's curve and its latest tok/s, MFU and elapsed seconds."""
     curve, last = [], None
-    for m in fixed.contract().STEP_RE.finditer(text):
+    pattern = getattr(fixed.contract(), "STEP_RE", None)  # None: an experiment branch older than the contract
+    for m in pattern.finditer(text) if pattern else ():
         step, loss, tok, mfu, elapsed = m["step"], m["loss"], m["tok_per_sec"], m["mfu"], m["elapsed"]
         try:
             curve.append([int(step), float(loss), int(elapsed)])

@@ -17,10 +17,25 @@ from autoresearch import evaluate, git, sandbox
 from autoresearch.errors import HarnessError
 
 
+RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss")  # what the harness reads of it
+
+
 def contract():
     """The harness's own copy of the fixed half (the installed one, imported once at the CLI's start)."""
     import prepare
     return prepare
+
+
+def check_contract() -> None:
+    """A clear error when the imported prepare.py predates what the harness reads from it (an experiment branch
+    set up before the runtime moved into prepare.py, checked out under a newer harness)."""
+    prepare = contract()
+    missing = [name for name in RUNTIME if name not in vars(prepare)]
+    if missing:
+        raise HarnessError(f"{prepare.__file__} has no {', '.join(missing)}: it is older than this harness (the tag "
+                           "was set up before train.py's runtime moved into prepare.py). Start a new tag from main "
+                           "(`git checkout main && autoresearch setup --tag NEWTAG`), or continue this one with the "
+                           "harness of its time (`pip install -e .` at the tag's base commit).")
 
 
 def fingerprint(repo: Path) -> str:

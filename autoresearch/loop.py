@@ -1,7 +1,7 @@
 """`autoresearch loop`: experiments one after another, each proposed by an agent and run exactly like
 `autoresearch run`, until stopped (Ctrl-C, --max-experiments, --hours, the dashboard's stop button).
 
-What runs next is schedule.next_run's answer, the same function the parallel driver (cluster.py) asks; this
+What runs next is schedule.next_run's answer, the same function the parallel driver (driver.py) asks; this
 module also holds what both loops show: the progress bar, the line per finished run, the stop button's check."""
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def main(repo: Path, args, log=print) -> int:
                 and (deadline is None or time.time() < deadline))
 
     def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
-        return stop.pending() or (deadline is not None and time.time() >= deadline)
+        return stopping or stop.pending() or (deadline is not None and time.time() >= deadline)
 
     while True:
         if not stopping and stop():
@@ -146,7 +146,7 @@ def main(repo: Path, args, log=print) -> int:
                     if give_up():
                         progress.close()
                         log("stopping while waiting for a quiet machine: " + (
-                            "asked to (.autoresearch/stop)" if stop() else "--hours reached") +
+                            "asked to (.autoresearch/stop)" if stopping or stop() else "--hours reached") +
                             "; nothing ran (train.py keeps the proposed change, uncommitted)")
                         return 0
                     log(f"still busy ({e}); waiting again")

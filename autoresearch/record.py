@@ -1,7 +1,7 @@
 """Recording a finished run: its row (judged against the rows before it by decide.py), its log, the ledger.
 
 Both loops record through here: `autoresearch run` (run.py) after executing in the repository, and the parallel
-driver (cluster.py) after a worker returns, so a run's row does not depend on where it ran. result_row judges,
+driver (driver.py) after a worker returns, so a run's row does not depend on where it ran. result_row judges,
 record writes; the branch is the caller's (a sequential run resets it on a discard, the driver fast-forwards it
 on a keep).
 """
@@ -126,8 +126,9 @@ def drop_model(run_dir: Path) -> None:
 
 
 def record(repo: Path, row: ledger.Row, run_dir: Path | None = None) -> None:
-    """The one way a run's row is written. A run that produced a val_bpb gets the public protocol's last line
-    (`val_bpb: ...`, now the harness's number) in its log; the row goes to the ledger; the log is published as
+    """The one way a run's row is written once the run started (finished, crashed or interrupted; only a refusal
+    before a run starts is appended by run.py itself). A run that produced a val_bpb gets the public protocol's
+    last line (`val_bpb: ...`, now the harness's number) in its log; the row goes to the ledger; the log is published as
     repo/run.log for agents that follow the public protocol. A kill between any two steps loses nothing: the
     caller's marker of the run in flight (pending.json, inflight/<id>.json) is removed only after this."""
     log_path = run_dir / state.RUN_LOG if run_dir is not None else None

@@ -40,7 +40,7 @@ def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-r
         config = json.loads(state.tag_file(repo, job['tag']).read_text())
         if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config["tag"])):
             row = record.interrupted_row(config, job, reason)
-            ledger.append(state.results(repo), row)
+            record.record(repo, row)
             recorded.append(row)
             log(f"recovered an interrupted run ({job['run_id']} on {job.get('worker') or 'a worker'}): recorded as crash")
         path.unlink()
@@ -65,7 +65,7 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
     row = None
     if not any(r.run_id == pending["run_id"] for r in rows):
         row = record.interrupted_row(config, pending, reason)
-        ledger.append(state.results(repo), row)
+        record.record(repo, row)
         log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
     branch_back(repo, parallel, pending["tag"])
     (state.pending_file(repo)).unlink()

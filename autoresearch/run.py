@@ -39,6 +39,7 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     rule and timeout default to the tag's; weaker ones than the tag's are refused."""
     description = " ".join(description.split()) or "(no description)"
     config = tags.load_tag(repo)
+    fixed.check_contract()
     recovery.recover(repo, log)
     try:
         protection = sandbox.protection(sandbox_mode or tags.sandbox_mode_of(config))

@@ -1,11 +1,15 @@
 """What runs next: one pure function of the ledger and the runs in flight, for both loops.
 
 The sequential loop (loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver
-(cluster.py) asks each time a worker is free, with the configurations its workers are running. In order:
+(driver.py) asks each time a worker is free, with the configurations its workers are running. In order:
 1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
-   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order;
+   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order. A
+   series whose last run was interrupted or refused is resumed only when a new experiment may begin, and counts
+   as one: a run refused for a lasting reason would otherwise repeat past --max-experiments, --hours and the
+   stop button;
 2. no kept run yet: the baseline (again, after a crash), unless it crashed BASELINE_TRIES times, which stops the
-   loop; an interrupted run (a killed harness or worker, decide.is_interruption) is not the baseline's failure;
+   loop (when it would start it again); an interrupted run (a killed harness or worker, decide.is_interruption)
+   is not the baseline's failure;
 3. a new proposal, once the baseline's series is complete, if the loop may begin another experiment
    (--max-experiments, --hours and the stop button say).
 """
@@ -43,14 +47,17 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
     configuration of train.py on the branch's head (the baseline while nothing is kept)."""
     for series in decide.unfinished(rows):
         busy = running.count(series.config)
+        resume = stalled(rows, series.config)
+        if resume and not may_begin:
+            continue
         if series.kind == "baseline" and series.runs + busy < decide.BASELINE_RUNS:
-            return _repeat(series, series.runs + busy + 1)
+            return _repeat(series, series.runs + busy + 1, resume)
         if series.kind == "candidate" and not busy:
-            return _repeat(series, series.runs + 1)
+            return _repeat(series, series.runs + 1, resume)
     if not any(r.status == "keep" for r in rows):
         tries = baseline_crashes(rows)
         if tries >= BASELINE_TRIES:
-            return Next("wait") if running else Next("stop", reason=(
+            return Next("wait") if running or not may_begin else Next("stop", reason=(
                 f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): fix "
                 "train.py on the branch's base commit, or the machine, then run the loop again"))
         busy = running.count(baseline_config)
@@ -64,8 +71,16 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
     return Next("propose", new=True) if may_begin else Next("wait")
 
 
-def _repeat(series: decide.Series, run_no: int) -> Next:
-    return Next("series", f"{series.description}{decide.REPEAT_MARK}{run_no}]", series.commit, run_no, series=series)
+def stalled(rows, config: str) -> bool:
+    """Whether a series' last run ended without a result of its own: interrupted (a killed harness, driver or
+    worker) or refused."""
+    last = [r for r in rows if r.key == config]
+    return bool(last) and (last[-1].status == "refused" or decide.is_interruption(last[-1]))
+
+
+def _repeat(series: decide.Series, run_no: int, resume: bool) -> Next:
+    return Next("series", f"{series.description}{decide.REPEAT_MARK}{run_no}]", series.commit, run_no, new=resume,
+                series=series)
 
 
 def seed(rows, in_flight: int, rule: str, first: int = FIRST_SEED) -> int:

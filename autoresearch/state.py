@@ -1,9 +1,9 @@
 """Where the harness keeps its state, each path defined here once, and how it writes it.
 
     results.tsv                      the ledger (ledger.py): append-only, the record of truth
-    .autoresearch/tags/<tag>.json    written once by setup (tag.py): what the tag's runs are compared under
+    .autoresearch/tags/<tag>.json    written once by setup (tags.py): what the tag's runs are compared under
     .autoresearch/pending.json       the run in flight of `autoresearch run`/`loop` (recovery.py)
-    .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (cluster.py)
+    .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (driver.py)
     .autoresearch/runs/<id>/         one run: run.log, evaluation.json, out/ (the only dir a training writes)
     .autoresearch/lock               held by whoever changes state (lock.py)
     .autoresearch/waiting.json       while a run waits for a quiet machine (machine_load.py)

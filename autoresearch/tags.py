@@ -231,8 +231,10 @@ def last_kept_commit(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
 
 def branch_target(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
     """Where the branch belongs between runs: on the candidate while its confirmation series is open, else on
-    the champion (the last kept commit)."""
-    series = decide.latest_unfinished(rows)
+    the champion (the last kept commit). Of several open series (a parallel loop's leftovers), the one the next
+    run finishes first (schedule.py: the oldest)."""
+    found = decide.unfinished(rows)
+    series = found[0] if found else None
     if series is not None and series.kind == "candidate":
         return git.git(repo, "rev-parse", series.commit)
     return last_kept_commit(repo, config, rows)

@@ -1,6 +1,6 @@
 """A worker of `autoresearch loop --workers N`: one device, its own working copy, runs exactly as `autoresearch run`.
 
-cluster.py makes each worker a Ray actor holding k CPU cores (or one GPU and k cores). The worker
+driver.py makes each worker a Ray actor holding k CPU cores (or one GPU and k cores). The worker
 - makes its own working copy of the repository found on its machine: a `git clone --shared` at the tag's base
   commit, in a folder beside the data cache (~/.cache/autoresearch-workers/<tag>-<repo hash>/<name>), outside
   every repository the guard watches;
@@ -11,7 +11,7 @@ cluster.py makes each worker a Ray actor holding k CPU cores (or one GPU and k c
   thread count set explicitly (Ray sets OMP_NUM_THREADS=1 in its workers);
 - returns what happened, and nothing else: only the driver writes results.tsv and moves the branch.
 
-It is a plain class so that it can be tested without Ray; cluster.py wraps it with ray.remote.
+It is a plain class so that it can be tested without Ray; driver.py wraps it with ray.remote.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ class Worker:
                 "copy": str(self.copy), "pid": os.getpid()}
 
     def run(self, job: dict) -> dict:
-        """One run of job["source"] as train.py (see cluster.Job); the execution, for the driver to record."""
+        """One run of job["source"] as train.py (see driver.Job); the execution, for the driver to record."""
         if self.error:
             raise WorkerRefused(self.error)
         (self.copy / state.EDITABLE).write_text(job["source"])

@@ -345,3 +345,28 @@ def test_bad_worker_settings_are_clear_errors_before_anything_starts(repo, env):
     assert out.returncode == 2 and "rows with other resources are never compared" in out.stderr
     assert "--tag NEWTAG" in out.stderr and "Traceback" not in out.stderr
     assert ledger.read(repo / "results.tsv") == []
+
+
+def test_a_prepare_py_older_than_the_harness_is_a_clear_error_before_anything_runs(monkeypatch):
+    """An experiment branch from before train.py's runtime moved into prepare.py, under a newer harness."""
+    import types
+
+    from autoresearch.errors import HarnessError
+    old = types.ModuleType("prepare")
+    old.__file__ = "/somewhere/prepare.py"
+    monkeypatch.setattr(fixed, "contract", lambda: old)
+    with pytest.raises(HarnessError, match="prepare.py has no STEP_RE, FAST_FAIL.*older than this harness.*new tag"):
+        fixed.check_contract()
+    from autoresearch import facts
+    assert facts.parse_log("step=     1 | loss=5.0 | tok/s=1 | mfu=1.0% | elapsed=0s | epoch=1") == {"curve": []}
+
+
+def test_a_malformed_seed_by_hand_is_a_clear_error(monkeypatch):
+    import prepare
+    monkeypatch.setenv("AUTORESEARCH_SEED", "x")
+    with pytest.raises(prepare.PrepareError, match="AUTORESEARCH_SEED='x' is not a whole number"):
+        prepare.run_seed()
+    monkeypatch.setenv("AUTORESEARCH_SEED", "7")
+    assert prepare.run_seed() == 7
+    monkeypatch.delenv("AUTORESEARCH_SEED")
+    assert prepare.run_seed() == 42

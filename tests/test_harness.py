@@ -308,7 +308,10 @@ def test_every_run_compiles_warm_from_the_champions_base_and_writes_nothing_a_la
     from autoresearch.edit import set_constants
     cache = tmp_path / "cache"  # a data cache of its own, so its compile cache starts empty
     shutil.copytree(small_cache, cache)
-    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion")
+    # room outside the 2 s budget: a warm compile's first step alone takes 4-7 s here, more on a busy machine, and
+    # this test is about the compile cache, not the allowance (test_integrity's)
+    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion",
+               AUTORESEARCH_OUTSIDE_ALLOWANCE="120")
     (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True}, "cpu"))
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
     assert cli(repo, "setup", "--tag", "compiled", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0

@@ -63,6 +63,26 @@ def test_a_candidates_confirmation_runs_one_at_a_time_before_new_proposals():
     assert schedule.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"  # the champion's mean first
 
 
+def test_a_series_whose_last_run_was_refused_or_interrupted_resumes_only_as_a_new_experiment():
+    """A refusal with a lasting cause would otherwise repeat forever: resuming counts against --max-experiments
+    and waits for --hours and the stop button, as a new experiment does; a series in its normal course does not."""
+    confirming = FULL_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, commit="abcdef1")]
+    for last in (row("refused", "cand", "lr up [run 2] [refused: the run took 40 s]"),
+                 row("crash", "cand", "lr up [run 2] [interrupted: harness died]", "interrupted")):
+        step = schedule.next_run(confirming + [last], [], "stat", True, "base")
+        assert (step.kind, step.run_no, step.new) == ("series", 2, True)
+        assert schedule.next_run(confirming + [last], [], "stat", False, "base").kind == "wait"
+    interrupted_baseline = BASE + [row("crash", "base", "baseline [run 2] [interrupted: x]", "interrupted")]
+    assert schedule.next_run(interrupted_baseline, [], "stat", False, "base").kind == "wait"  # `loop --max-experiments 0`
+    assert schedule.next_run(interrupted_baseline, [], "stat", True, "base").new
+
+
+def test_three_baseline_crashes_stop_the_loop_only_when_it_would_try_again():
+    crashed = [row("crash", "base", "baseline [crash: exit status 1]") for _ in range(3)]
+    assert schedule.next_run(crashed, [], "stat", True, "base").kind == "stop"
+    assert schedule.next_run(crashed, [], "stat", False, "base").kind == "wait"  # the limit came first: exit 0
+
+
 def test_seeds_and_repeat_numbers_count_the_runs_in_flight():
     assert schedule.seed(FULL_BASE, 0, "stat") == 45 and schedule.seed(FULL_BASE, 2, "stat") == 47
     assert schedule.seed(FULL_BASE, 2, "naive") == 42
