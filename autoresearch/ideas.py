@@ -1,0 +1,474 @@
+"""Ideas as code: named transformations of train.py, drawn from the public record of fixed-budget training (the
+modded-nanogpt speedrun's records, nanochat's defaults, the GPT-J/PaLM and T5/Chinchilla papers).
+
+Each idea rewrites one *site* of train.py (a statement, a method, a default argument, a constant) to one of a few
+*variants*. A site is found by its place (class, method, the names it assigns), never by its exact text, so an
+idea also repairs a site someone else rewrote (a removed normalisation, a worse activation): rewriting a site
+sets it to a canonical variant whatever it held. The site's current variant is read back by comparing syntax
+trees (comments and spacing do not count); a site that matches no variant reads as None ("unknown"). Ideas on
+different sites compose; ideas on one site (init) keep each other's settings.
+
+`recommended` is the variant the public record favours, or None where it depends on the model and machine. The
+proposer (proposer.py) tries moves towards it first; moves away from it are allowed but expected to lose.
+
+The row's description names the idea and its parameters, `idea NAME: key=value, ...` (IDEA_RE), so that people,
+agents and the proposer can read from results.tsv what was tried.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import itertools
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable
+
+from autoresearch.edit import EditError, read_constants, set_constants
+
+IDEA_RE = re.compile(r"^idea (\w+): (.*)$")
+CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant moves' "NAME old -> new"
+
+
+class NotApplicable(EditError):
+    """The idea's site is not in this train.py (it was renamed or removed)."""
+
+
+# --- finding sites ----------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _tree(source: str) -> ast.Module:
+    """train.py parsed (cached: a proposal reads every site of one source; nothing may modify the tree)."""
+    return ast.parse(source)
+
+
+def _find_def(tree: ast.Module, dotted: str):
+    """The class or function `A.b` at module level (one level of nesting), or None."""
+    nodes = tree.body
+    found = None
+    for part in dotted.split("."):
+        found = next((n for n in nodes if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part), None)
+        if found is None:
+            return None
+        nodes = found.body
+    return found
+
+
+def _statement(tree, dotted: str, match: Callable[[ast.stmt], bool]):
+    """The first statement (at any depth) of definition `dotted` that `match` accepts."""
+    owner = _find_def(tree, dotted)
+    if owner is None:
+        return None
+    for node in ast.walk(owner):
+        if isinstance(node, ast.stmt) and node is not owner and match(node):
+            return node
+    return None
+
+
+def _names(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _assigns(*targets: str):
+    """A matcher for an assignment whose targets are exactly these names (`a, b = ...` or `a = b = ...`)."""
+    def match(node):
+        if not isinstance(node, ast.Assign):
+            return False
+        got = []
+        for t in node.targets:
+            got += [e for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+        names = [ast.unparse(e) for e in got]
+        return names == list(targets)
+    return match
+
+
+def _shape(code: str) -> str | None:
+    """A snippet's syntax tree as text: two snippets with the same shape are the same code, comments, spacing and
+    line breaks aside."""
+    try:
+        return ast.dump(ast.parse(textwrap.dedent(code)))
+    except SyntaxError:
+        return None
+
+
+def _lines_of(source: str, node) -> tuple[int, int]:
+    """The line span [start, end) of a statement or definition, decorators excluded."""
+    return node.lineno - 1, node.end_lineno
+
+
+# --- sites ------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Site:
+    """One place of train.py and how each combination of its parameters is written there.
+    locate(tree) -> the node or None; render(params) -> the code (unindented); grid: each parameter's values;
+    defaults: what the shipped train.py holds. Statements and definitions are replaced as whole lines."""
+    name: str
+    locate: Callable
+    render: Callable[[dict], str]
+    grid: dict[str, list]
+    defaults: dict
+
+    def node(self, source: str):
+        return self.locate(_tree(source))
+
+    def read(self, source: str) -> dict | None:
+        """The site's current parameters, None when it holds something no variant writes; NotApplicable when
+        train.py has no such site."""
+        node = self.node(source)
+        if node is None:
+            raise NotApplicable(f"train.py has no {self.name} site")
+        lines = source.splitlines(keepends=True)
+        start, end = _lines_of(source, node)
+        shape = _shape("".join(lines[start:end]))
+        return next((params for params, rendered in self._shapes() if rendered == shape), None)
+
+    def _shapes(self) -> list[tuple[dict, str]]:
+        if not hasattr(self, "_rendered"):
+            keys = list(self.grid)
+            combos = [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+            self._rendered = [(params, _shape(self.render(params))) for params in combos]
+        return self._rendered
+
+    def write(self, source: str, params: dict) -> str:
+        node = self.node(source)
+        if node is None:
+            raise NotApplicable(f"train.py has no {self.name} site")
+        lines = source.splitlines(keepends=True)
+        start, end = _lines_of(source, node)
+        indent = " " * node.col_offset
+        body = "".join(indent + line if line.strip() else line
+                       for line in self.render(params).strip("\n").splitlines(keepends=True))
+        return "".join(lines[:start]) + body + "\n" + "".join(lines[end:])
+
+
+ACTIVATIONS = {
+    "relu2": "F.relu(self.c_fc(x)).square()",  # ReLU squared: modded-nanogpt, nanochat
+    "gelu": "F.gelu(self.c_fc(x))",
+    "silu": "F.silu(self.c_fc(x))",
+    "relu": "F.relu(self.c_fc(x))",
+}
+
+
+def _mlp_return(p):
+    note = "  # ReLU squared" if p["act"] == "relu2" else ""
+    return f"return self.c_proj({ACTIVATIONS[p['act']]}){note}"
+
+
+def _mlp_init(p):
+    r = p["ratio"]
+    return (f"def __init__(self, cfg: GPTConfig):\n    super().__init__()\n"
+            f"    self.c_fc = nn.Linear(cfg.n_embd, {r} * cfg.n_embd, bias=False)\n"
+            f"    self.c_proj = nn.Linear({r} * cfg.n_embd, cfg.n_embd, bias=False)\n")
+
+
+def _qk(p):
+    q, k = "apply_rotary(q, cos, sin)", "apply_rotary(k, cos, sin)"
+    if p["norm"]:
+        q, k = f"rms_norm({q})", f"rms_norm({k})"
+    if p["gain"] != 1.0:  # sharper attention than 1/sqrt(head_dim) allows once q and k are normalised
+        q = f"{p['gain']!r} * {q}"
+    return f"q, k = {q}, {k}" + ("  # QK-norm" if p["norm"] else "")
+
+
+def _block(p):
+    if p["layout"] == "prenorm":
+        return ("def forward(self, x, ve, cos, sin, mask):\n"
+                "    x = x + self.attn(rms_norm(x), ve, cos, sin, mask)\n"
+                "    return x + self.mlp(rms_norm(x))\n")
+    return ("def forward(self, x, ve, cos, sin, mask):\n"
+            "    h = rms_norm(x)  # attention and MLP side by side on one normalised input (GPT-J, PaLM)\n"
+            "    return x + self.attn(h, ve, cos, sin, mask) + self.mlp(h)\n")
+
+
+def _init(p):
+    gain = "" if p["gain"] == 1.0 else f"{p['gain']!r} * "
+    proj = ("        nn.init.zeros_(block.attn.c_proj.weight)  # every block starts as the identity\n"
+            "        nn.init.zeros_(block.mlp.c_proj.weight)\n") if p["proj"] == "zero" else (
+            "        for lin in (block.attn.c_proj, block.mlp.c_proj):\n"
+            "            nn.init.uniform_(lin.weight, -bound, bound)\n")
+    return ("def init_weights(self):\n"
+            "    d = self.cfg.n_embd\n"
+            f"    bound = {gain}3**0.5 * d**-0.5  # uniform with std {gain}d^-0.5\n"
+            "    nn.init.normal_(self.wte.weight, std=1.0)\n"
+            "    for emb in self.value_embeds.values():\n"
+            "        nn.init.uniform_(emb.weight, -bound, bound)\n"
+            f"    nn.init.normal_(self.lm_head.weight, std={p['head_std']!r})\n"
+            "    for block in self.blocks:\n"
+            "        for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.c_fc):\n"
+            "            nn.init.uniform_(lin.weight, -bound, bound)\n"
+            + proj +
+            "        if block.attn.ve_gate is not None:\n"
+            "            nn.init.zeros_(block.attn.ve_gate.weight)\n")
+
+
+SCHEDULES = {
+    "linear": "cooldown = (1 - progress) / WARMDOWN_RATIO",
+    "cosine": "cooldown = 0.5 * (1 + math.cos(math.pi * (1 - (1 - progress) / WARMDOWN_RATIO)))",
+    "sqrt": "cooldown = 1 - ((progress - 1 + WARMDOWN_RATIO) / WARMDOWN_RATIO) ** 0.5",
+}
+
+
+def _schedule(p):
+    doc = {"linear": "linear warmdown", "cosine": "cosine warmdown", "sqrt": "1-sqrt warmdown"}[p["shape"]]
+    return ("def lr_multiplier(progress: float) -> float:\n"
+            f'    """Learning-rate factor at a fraction of the time budget: linear warmup, flat, {doc}."""\n'
+            "    if progress < WARMUP_RATIO:\n"
+            "        return (progress + 1e-8) / WARMUP_RATIO\n"
+            "    if progress <= 1 - WARMDOWN_RATIO:\n"
+            "        return 1.0\n"
+            f"    {SCHEDULES[p['shape']]}\n"
+            "    return cooldown + (1 - cooldown) * FINAL_LR_FRAC\n")
+
+
+def _lr_loop(p):
+    text = ("for opt in optimizers:\n"
+            "    for group in opt.param_groups:\n"
+            "        group[\"lr\"] = group[\"initial_lr\"] * multiplier\n")
+    if p["start"] == "off":
+        return text
+    return text + (
+        "        if \"momentum\" in group:  # Muon's momentum warms up over the first 30% (modded-nanogpt)\n"
+        f"            group[\"momentum\"] = MUON_MOMENTUM - (MUON_MOMENTUM - {p['start']!r}) * "
+        "max(0.0, 1 - elapsed / TIME_BUDGET / 0.3)\n")
+
+
+VE_LAYERS = {
+    "alternate": "[i for i in range(cfg.n_layer) if i % 2 == (cfg.n_layer - 1) % 2]",
+    "all": "list(range(cfg.n_layer))",
+    "last": "[cfg.n_layer - 1]",
+    "none": "[]",
+}
+
+
+def _rotary(p):
+    return ("def rotary(seq_len, head_dim, base=" + repr(p["base"]) + "):\n"
+            "    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)\n"
+            "    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)\n"
+            "    return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]\n")
+
+
+def _loss(p):
+    ce = "F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)"
+    if not p["z"]:
+        return f"return {ce}"
+    # z-loss (PaLM): keeps the softmax normaliser near 1; training loss only, never the per-token losses
+    return (f"return {ce} + ({p['z']!r} * torch.logsumexp(logits, -1).square().mean() "
+            "if reduction == \"mean\" else 0.0)  # z-loss")
+
+
+def _is_call_to(node, attr: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
+               and getattr(n.func, "attr", getattr(n.func, "id", None)) == attr for n in ast.walk(node))
+
+
+SITES = {s.name: s for s in [
+    Site("mlp_activation",
+         lambda t: _statement(t, "MLP.forward", lambda n: isinstance(n, ast.Return) and "c_proj" in _names(n)),
+         _mlp_return, {"act": list(ACTIVATIONS)}, {"act": "relu2"}),
+    Site("mlp_width", lambda t: _find_def(t, "MLP.__init__"), _mlp_init, {"ratio": [2, 3, 4, 6]}, {"ratio": 4}),
+    Site("qk", lambda t: _statement(t, "CausalSelfAttention.forward", lambda n: _assigns("q", "k")(n)
+                                    and "apply_rotary" in _names(n)),
+         _qk, {"norm": [True, False], "gain": [1.0, 1.5, 2.0]}, {"norm": True, "gain": 1.0}),
+    Site("block", lambda t: _find_def(t, "Block.forward"), _block, {"layout": ["prenorm", "parallel"]},
+         {"layout": "prenorm"}),
+    Site("final_norm", lambda t: _statement(t, "GPT.forward", lambda n: _assigns("logits")(n)
+                                            and "lm_head" in _names(n)),
+         lambda p: "logits = self.lm_head(rms_norm(x)).float()" if p["norm"] else "logits = self.lm_head(x).float()",
+         {"norm": [True, False]}, {"norm": True}),
+    Site("embed_norm", lambda t: _statement(t, "GPT.forward", _assigns("x", "x0")),
+         lambda p: "x = x0 = rms_norm(self.wte(idx))" if p["norm"] else "x = x0 = self.wte(idx)",
+         {"norm": [True, False]}, {"norm": True}),
+    Site("init", lambda t: _find_def(t, "GPT.init_weights"), _init,
+         {"proj": ["zero", "uniform"], "head_std": [0.001, 0.01, 0.02], "gain": [0.5, 1.0, 2.0]},
+         {"proj": "zero", "head_std": 0.001, "gain": 1.0}),
+    Site("schedule", lambda t: _find_def(t, "lr_multiplier"), _schedule, {"shape": list(SCHEDULES)},
+         {"shape": "linear"}),
+    Site("momentum_warmup", lambda t: _statement(t, "main", lambda n: isinstance(n, ast.For)
+                                                 and ast.unparse(n.iter) == "optimizers" and "initial_lr" in
+                                                 ast.unparse(n)),
+         _lr_loop, {"start": ["off", 0.85, 0.7]}, {"start": "off"}),
+    Site("value_embeddings", lambda t: _statement(t, "GPT.__init__", _assigns("self.ve_layers")),
+         lambda p: f"self.ve_layers = {VE_LAYERS[p['layers']]}", {"layers": list(VE_LAYERS)}, {"layers": "alternate"}),
+    Site("x0_mix", lambda t: _statement(t, "GPT.__init__", _assigns("self.x0_lambdas")),
+         lambda p: f"self.x0_lambdas = nn.Parameter(torch.full((cfg.n_layer,), {p['init']!r}))",
+         {"init": [0.0, 0.1, 0.3]}, {"init": 0.1}),
+    Site("rotary", lambda t: _find_def(t, "GPT.rotary"), _rotary, {"base": [1000.0, 10000.0, 100000.0]},
+         {"base": 10000.0}),
+    Site("grad_clip", lambda t: _statement(t, "main", lambda n: isinstance(n, ast.Expr)
+                                           and _is_call_to(n, "clip_grad_norm_")),
+         lambda p: f"torch.nn.utils.clip_grad_norm_(model.parameters(), {p['max_norm']!r})",
+         {"max_norm": [0.5, 1.0, 2.0, 5.0]}, {"max_norm": 1.0}),
+    Site("loss", lambda t: _statement(t, "GPT.forward", lambda n: isinstance(n, ast.Return)
+                                      and _is_call_to(n, "cross_entropy")),
+         _loss, {"z": [0.0, 1e-4, 1e-3]}, {"z": 0.0}),
+    Site("nesterov", lambda t: _statement(t, "Muon.step", _assigns("nesterov")),
+         lambda p: ('nesterov = torch._foreach_lerp(grads, bufs, group["momentum"])' if p["on"] else
+                    "nesterov = bufs  # plain momentum, no Nesterov look-ahead"), {"on": [True, False]}, {"on": True}),
+]}
+
+
+class DefaultArgSite(Site):
+    """A default argument of a function (orthogonalize's steps=5): only the literal is rewritten."""
+
+    def __init__(self, name, function, arg, grid, defaults):
+        super().__init__(name, lambda t: _find_def(t, function), None, grid, defaults)
+        self.arg = arg
+
+    def _literal(self, source):
+        fn = self.node(source)  # the cached tree: read, never modified
+        if fn is None:
+            raise NotApplicable(f"train.py has no {self.name} site")
+        args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
+        for a, d in zip(args, fn.args.defaults):
+            if a.arg == self.arg and isinstance(d, ast.Constant):
+                return d
+        raise NotApplicable(f"{self.name}: no literal default for {self.arg}")
+
+    def read(self, source):
+        value = self._literal(source).value
+        return {self.arg: value} if value in self.grid[self.arg] else None
+
+    def write(self, source, params):
+        from autoresearch.edit import _char_offset
+        d = self._literal(source)
+        start = _char_offset(source, d.lineno, d.col_offset)
+        end = _char_offset(source, d.end_lineno, d.end_col_offset)
+        return source[:start] + repr(params[self.arg]) + source[end:]
+
+
+SITES["newton_schulz"] = DefaultArgSite("newton_schulz", "orthogonalize", "steps", {"steps": [3, 4, 5, 6]},
+                                        {"steps": 5})
+
+
+class ConstantSite(Site):
+    """A hyperparameter constant whose value is an idea of its own (a soft cap, head size), per profile."""
+
+    def __init__(self, name, constant, grids: dict[str, list], profile: str = "cpu"):
+        super().__init__(name, None, None, {constant: grids[profile]}, {})
+        self.constant, self.grids, self.profile = constant, grids, profile
+
+    def for_profile(self, profile):
+        return ConstantSite(self.name, self.constant, self.grids, profile)
+
+    def read(self, source):
+        values = read_constants(source, self.profile)
+        if self.constant not in values:
+            raise NotApplicable(f"train.py has no constant {self.constant}")
+        v = values[self.constant]
+        return {self.constant: v} if v in self.grid[self.constant] else None
+
+    def write(self, source, params):
+        return set_constants(source, {self.constant: params[self.constant]}, self.profile)
+
+
+CONSTANT_SITES = {
+    "softcap": ConstantSite("softcap", "SOFTCAP", {"cpu": [0.0, 15.0, 30.0], "gpu": [0.0, 15.0, 30.0]}),
+    "head_dim": ConstantSite("head_dim", "HEAD_DIM", {"cpu": [16, 32, 64], "gpu": [64, 128]}),
+    "adam_betas": ConstantSite("adam_betas", "ADAM_BETAS", {"cpu": [(0.8, 0.95), (0.9, 0.95), (0.9, 0.99)],
+                                                            "gpu": [(0.8, 0.95), (0.9, 0.95), (0.9, 0.99)]}),
+}
+
+
+@dataclass(frozen=True)
+class Idea:
+    name: str
+    site: str
+    params: tuple[str, ...]       # the site's parameters this idea moves (the others stay as they are)
+    recommended: dict | None      # the public record's choice for them, or None: no prior either way
+    why: str = field(default="", compare=False)
+
+
+CATALOG = [
+    Idea("activation", "mlp_activation", ("act",), {"act": "relu2"},
+         "ReLU squared beat GELU in the modded-nanogpt speedrun; nanochat keeps it"),
+    Idea("mlp_ratio", "mlp_width", ("ratio",), None, "MLP width: 4x is GPT-2's; narrower trains more steps"),
+    Idea("qk_norm", "qk", ("norm",), {"norm": True}, "QK-norm: RMS-normalised queries and keys (speedrun record)"),
+    Idea("qk_gain", "qk", ("gain",), None, "attention sharpness once QK-norm bounds the logits"),
+    Idea("block_layout", "block", ("layout",), {"layout": "prenorm"},
+         "pre-norm residual blocks; parallel attention+MLP (GPT-J, PaLM) trades quality for speed"),
+    Idea("final_norm", "final_norm", ("norm",), {"norm": True}, "RMSNorm before the head (every modern GPT)"),
+    Idea("embed_norm", "embed_norm", ("norm",), {"norm": True}, "RMSNorm right after the embedding (speedrun)"),
+    Idea("zero_init", "init", ("proj",), {"proj": "zero"},
+         "zero-initialised output projections: every block starts as the identity (speedrun record)"),
+    Idea("init_gain", "init", ("gain",), {"gain": 1.0}, "scale of the blocks' uniform init, std d^-0.5 at 1"),
+    Idea("head_init", "init", ("head_std",), {"head_std": 0.001}, "a small lm_head init (nanochat)"),
+    Idea("lr_schedule", "schedule", ("shape",), {"shape": "linear"},
+         "warmup-stable-decay with a linear warmdown to 0 (speedrun, nanochat); cosine and 1-sqrt decays"),
+    Idea("momentum_warmup", "momentum_warmup", ("start",), None, "Muon momentum from 0.85 up (speedrun record)"),
+    Idea("value_embeddings", "value_embeddings", ("layers",), None, "value embeddings mixed into attention (speedrun)"),
+    Idea("x0_mix", "x0_mix", ("init",), None, "how much of the embedding each block reads back (speedrun's x0 lambdas)"),
+    Idea("rope_base", "rotary", ("base",), None, "rotary base frequency"),
+    Idea("grad_clip", "grad_clip", ("max_norm",), None, "gradient norm clipping"),
+    Idea("z_loss", "loss", ("z",), None, "z-loss on the softmax normaliser (PaLM)"),
+    Idea("newton_schulz", "newton_schulz", ("steps",), None, "Newton-Schulz iterations per Muon step: fewer is faster"),
+    Idea("nesterov", "nesterov", ("on",), {"on": True}, "Nesterov momentum in Muon (speedrun, nanochat)"),
+    Idea("softcap", "softcap", ("SOFTCAP",), None, "logit soft-capping (Gemma 2, speedrun record)"),
+    Idea("head_dim", "head_dim", ("HEAD_DIM",), None, "attention head size: more, smaller heads or fewer, larger"),
+    Idea("adam_betas", "adam_betas", ("ADAM_BETAS",), None, "AdamW betas for embeddings, head and scalars"),
+]
+IDEAS = {i.name: i for i in CATALOG}
+
+
+def site_of(idea: Idea, profile: str = "cpu") -> Site:
+    if idea.site in CONSTANT_SITES:
+        return CONSTANT_SITES[idea.site].for_profile(profile)
+    return SITES[idea.site]
+
+
+def current(idea: Idea, source: str, profile: str = "cpu") -> dict | None:
+    """The idea's parameters as train.py holds them; None: the site holds something else (unknown)."""
+    params = site_of(idea, profile).read(source)
+    return None if params is None else {k: params[k] for k in idea.params}
+
+
+def variants(idea: Idea, profile: str = "cpu") -> list[dict]:
+    grid = site_of(idea, profile).grid
+    return [dict(zip(idea.params, values)) for values in itertools.product(*(grid[k] for k in idea.params))]
+
+
+def applicable(idea: Idea, source: str, profile: str = "cpu") -> bool:
+    try:
+        site_of(idea, profile).read(source)
+        return True
+    except (NotApplicable, SyntaxError):
+        return False
+
+
+def apply(source: str, idea: Idea, params: dict, profile: str = "cpu") -> str:
+    """train.py with the idea's site set to `params` (its other parameters kept as they are, or the shipped
+    defaults when the site is unknown). The result must parse and read back as `params`; otherwise EditError."""
+    site = site_of(idea, profile)
+    held = site.read(source)
+    full = dict(held if held is not None else (site.defaults or {}), **params)
+    new = site.write(source, full)
+    try:
+        compile(new, "train.py", "exec")
+    except SyntaxError as e:
+        raise EditError(f"idea {idea.name} would not parse: {e}") from None
+    if current(idea, new, profile) != params:
+        raise EditError(f"idea {idea.name} did not read back as {params}")
+    if "math." in new and not re.search(r"^import math$", new, re.M):  # the cosine warmdown needs it
+        new = re.sub(r"^import os$", "import math\nimport os", new, count=1, flags=re.M)
+    return new
+
+
+def describe(idea: Idea, params: dict) -> str:
+    return f"idea {idea.name}: " + ", ".join(f"{k}={v!r}" for k, v in params.items())
+
+
+def parse(description: str) -> tuple[str, dict] | None:
+    """(idea name, params) of a description written by describe(), else None."""
+    m = IDEA_RE.match(description)
+    if not m or m.group(1) not in IDEAS:
+        return None
+    params = {}
+    for part in re.split(r", (?=\w+=)", m.group(2)):
+        key, _, value = part.partition("=")
+        try:
+            params[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            params[key] = value
+    return m.group(1), params
