@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from autoresearch import git, guard, ledger, sandbox, state
+from autoresearch import git, guard, ledger, proposer, sandbox, state
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -158,18 +158,16 @@ class WorkerProposers:
         self.repo, self.tag, self.spec, self.timeout = repo, tag, spec, timeout
         self.agents: dict[str, ExternalAgent] = {}
         self.builtin = None
-        if spec == "builtin":
+        if spec in proposer.BUILTINS:
             import prepare
-
-            from autoresearch.proposer import BuiltinProposer
             manifest = prepare.require_manifest()
-            self.builtin = BuiltinProposer(repo, tag, manifest["profile"], manifest["max_seq_len"])
+            self.builtin = proposer.builtin(spec, repo, tag, manifest["profile"], manifest["max_seq_len"])
 
     def propose(self, name: str, head: str, running_sources: list[str], in_flight: list[str]) -> tuple[str, str]:
         """(train.py, description) of a new candidate off `head` for worker `name`."""
         if self.builtin is not None:
             return self.builtin.propose_source(git.git(self.repo, "show", f"{head}:train.py", strip=False),
-                                               running_sources)
+                                               running_sources, in_flight)
         agent = self.agents.get(name)
         if agent is None:
             from autoresearch.worker import workers_dir

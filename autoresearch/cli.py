@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("status", help="best result and recent experiments")
     p.add_argument("--json", action="store_true", help="the same facts as JSON, for agents and scripts")
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
-    p.add_argument("--agent", default="builtin", help="builtin (default), claude, codex, aider, or a command line")
+    p.add_argument("--agent", default="builtin", help="builtin (default: the researcher), random or tpe (built-in references), claude, codex, aider, "
+                   "or a command line")
     p.add_argument("--max-experiments", type=int, help="stop after this many experiments")
     p.add_argument("--hours", type=float, help="stop after this many hours")
     p.add_argument("--tag", help="tag to create (or continue) if not on an experiment branch")

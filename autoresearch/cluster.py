@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from autoresearch import agents, errors, fixed, git, machine, recovery, tags
+from autoresearch import agents, errors, fixed, git, machine, proposer, recovery, tags
 from autoresearch.driver import Driver, Stop
 
 
@@ -88,7 +88,7 @@ def start_ray(address: str | None, workers: int | None, threads: int, hw: dict, 
 
 def main(repo: Path, args, log=print) -> int:
     """The parallel loop (the CLI has prepared the data and holds the lock)."""
-    if args.agent != "builtin":
+    if args.agent not in proposer.BUILTINS:
         agents.command_for(args.agent)
     if git.changed_files(repo):
         raise errors.HarnessError("uncommitted changes in " + ", ".join(git.changed_files(repo)[:5]) + ": the driver's "

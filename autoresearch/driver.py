@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoresearch import (agents, decide, errors, execute, git, ledger, loop, record, run, schedule, state, supervise,
-                          tags)
+from autoresearch import (agents, decide, errors, execute, git, ledger, loop, proposer, record, run, schedule, state,
+                          supervise, tags)
 from autoresearch.worker import Worker
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
@@ -95,7 +95,7 @@ class Driver:
         self.stopping = False
         self.deadline = time.time() + args.hours * 3600 if args.hours else None
         self.proposers = agents.WorkerProposers(repo, config["tag"], args.agent, args.agent_timeout)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent == "builtin" else 64)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent in proposer.BUILTINS else 64)
 
     # --- workers -------------------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class Driver:
         descriptions = [job.description for job in self.running.values()]
         future = self.pool.submit(lambda: (head, *self.proposers.propose(name, head, sources, descriptions)))
         self.proposing[future] = name
-        if self.args.agent == "builtin":  # quick: done before the next proposal, which must know of this one
+        if self.args.agent in proposer.BUILTINS:  # quick: done before the next proposal, which must know of this one
             concurrent.futures.wait([future])
             self.proposed(future)
 

@@ -445,7 +445,7 @@ def apply(source: str, idea: Idea, params: dict, profile: str = "cpu") -> str:
     full = dict(held if held is not None else (site.defaults or {}), **params)
     new = site.write(source, full)
     try:
-        compile(new, "train.py", "exec")
+        _tree(new)
     except SyntaxError as e:
         raise EditError(f"idea {idea.name} would not parse: {e}") from None
     if current(idea, new, profile) != params:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import agents, decide, git, ledger, recovery, run, sandbox, schedule, state, tags
+from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags
 from autoresearch.errors import HarnessError, MachineBusy
 
 
@@ -25,11 +25,10 @@ def ensure_data(log=print) -> None:
 
 
 def make_agent(repo: Path, config: dict, spec: str, agent_timeout: float):
-    if spec == "builtin":
+    if spec in proposer.BUILTINS:
         import prepare
-        from autoresearch.proposer import BuiltinProposer
         manifest = prepare.require_manifest()
-        return BuiltinProposer(repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
+        return proposer.builtin(spec, repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
     return agents.ExternalAgent(repo, config["tag"], spec, agent_timeout)
 
 
@@ -88,7 +87,7 @@ def parallel(args) -> bool:
 def main(repo: Path, args, log=print) -> int:
     """The sequential loop: the one-worker case of the parallel driver (schedule.py decides for both), each run
     executed in the repository by run.run_once."""
-    if args.agent != "builtin":
+    if args.agent not in proposer.BUILTINS:
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = tags.ensure(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
     try:

@@ -1,181 +1,272 @@
-"""The built-in proposer: no language model, no network. It changes a few hyperparameter constants of the best
-kept train.py at a time, chosen by Optuna's TPE sampler (ask/tell) over a per-profile search space.
+"""The built-in researcher (`--agent builtin`): no language model, no network. Each proposal is one *move* on the
+champion's train.py: an idea of the catalog (ideas.py) set to one of its variants, or one hyperparameter constant
+halved or doubled (a step of a quarter of its range where it is not a scale, the neighbouring choice of a
+categorical). Which move, a Thompson-sampling bandit decides:
 
-The study is rebuilt from results.tsv before every proposal: each configuration (one train.py, all its runs)
-whose train.py is still in git becomes one trial valued at the mean val_bpb of its runs, so repeats sharpen
-what TPE learns instead of counting the luckiest run, and restarts and other agents' experiments all inform it.
+1. where the champion strayed from the public record's choice (ideas.Idea.recommended: a removed QK-norm, a
+   worse activation), the move back comes first, each such move once;
+2. a constant whose step was just kept is stepped again the same way (coordinate descent);
+3. otherwise each *arm* (an idea, or "tune NAME" for a constant) has a Beta belief in "this move gets kept":
+   its prior (1:4 for a move away from the record's choice, 1:2 for any other) plus one keep or one failure (a
+   discard, a pruned or crashed run) per decided experiment of the arm on any champion, so ideas that do not pay
+   fade; the arm with the highest draw moves, to a variant it has not tried if it has one.
+Never to a train.py the tag already ran, never to a variant that crashed, never on an arm that a parallel worker
+is running now (so side-by-side proposals differ).
+
+`--agent random` draws moves uniformly from the same space (the benchmark's reference) and `--agent tpe` is the
+constants-only TPE proposer that came before (tpe.py). All of them read results.tsv afresh for each proposal.
 """
 
 from __future__ import annotations
 
-import math
+import ast
+import functools
+import hashlib
 import random
-import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-import optuna
-from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from autoresearch import decide, git, ledger, state
+from autoresearch import decide, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
+from autoresearch.space import SPACES, consequences, in_space, rounded
 
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-
-LR_SPACE = {
-    "MATRIX_LR": FloatDistribution(0.005, 0.2, log=True),
-    "EMBEDDING_LR": FloatDistribution(0.05, 3.0, log=True),
-    "UNEMBEDDING_LR": FloatDistribution(0.0005, 0.05, log=True),
-    "SCALAR_LR": FloatDistribution(0.05, 3.0, log=True),
-    "WEIGHT_DECAY": FloatDistribution(0.0, 0.4),
-    "WARMUP_RATIO": FloatDistribution(0.0, 0.2),
-    "WARMDOWN_RATIO": FloatDistribution(0.1, 0.9),
-    "FINAL_LR_FRAC": FloatDistribution(0.0, 0.3),
-}
-SPACES = {
-    "cpu": {
-        "DEPTH": IntDistribution(2, 8),
-        "MODEL_DIM": CategoricalDistribution([64, 96, 128, 160, 192, 256]),
-        "TOTAL_BATCH_SIZE": CategoricalDistribution([1024, 2048, 4096, 8192, 16384]),
-        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
-        **LR_SPACE,
-    },
-    "gpu": {
-        "DEPTH": IntDistribution(4, 16),
-        "MODEL_DIM": CategoricalDistribution([256, 384, 512, 640, 768, 1024]),
-        "TOTAL_BATCH_SIZE": CategoricalDistribution([2**17, 2**18, 2**19, 2**20]),
-        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
-        **LR_SPACE,
-    },
-}
-MAX_CHANGES = 2  # constants changed per proposal: small steps keep each result readable
+PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, once; then by its record)
+PRIOR_AWAY = (1, 4)       # away from it
+PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
 
 
-def _round(value):
-    if isinstance(value, float) and value != 0:
-        return float(f"{value:.3g}")
-    return value
+def blob_of(text: str) -> str:
+    """A train.py's configuration name before it is committed: git's blob hash, 12 hex digits (ledger.Row.config)."""
+    data = text.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:12]
 
 
-def _in_space(dist, value) -> bool:
-    """Whether value is one the distribution can hold (an agent may have set anything)."""
+# --- what the ledger says about moves --------------------------------------------------------------------------
+
+@dataclass
+class Experiment:
+    config: str
+    description: str
+    arm: str             # an idea's name, "tune NAME", or "" (the baseline, or a free-form change by an agent)
+    params: dict
+    parent: str          # the champion's configuration when it began
+    outcome: str = "open"  # keep, discard, crash or open
+    effect: float | None = None  # its mean val_bpb minus its parent's (negative: better)
+    runs: int = 0
+
+
+def parse_move(description: str) -> tuple[str, dict]:
+    """(arm, params) of a proposal's description: `idea NAME: k=v, ...` or `NAME old -> new[, NAME2 ...]` (the
+    first constant names the arm)."""
+    parsed = ideas.parse(decide.base_description(description))
+    if parsed:
+        return parsed
+    first = decide.base_description(description).split(", ")[0]
+    m = ideas.CONSTANT_RE.match(first)
+    if not m:
+        return "", {}
+    try:
+        return f"tune {m.group(1)}", {m.group(1): ast.literal_eval(m.group(3)), "from": ast.literal_eval(m.group(2))}
+    except (ValueError, SyntaxError):
+        return f"tune {m.group(1)}", {}
+
+
+def history(rows) -> list[Experiment]:
+    """One Experiment per configuration of the tag, in the order they began, with how they ended."""
+    found: dict[str, Experiment] = {}
+    means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
+    champion = None
+    for r in rows:
+        if r.status == "refused" or decide.is_interruption(r):
+            continue
+        if r.key not in found:
+            arm, params = parse_move(r.description)
+            found[r.key] = Experiment(r.key, decide.base_description(r.description), arm, params,
+                                      champion.key if champion else "")
+        e = found[r.key]
+        e.runs += r.status != "crash"
+        if r.status in ("keep", "discard", "crash"):
+            e.outcome = "keep" if r.status == "keep" or e.outcome == "keep" else r.status
+        if r.status == "keep":
+            champion = r
+    for e in found.values():
+        if e.config in means and e.parent in means:
+            e.effect = means[e.config] - means[e.parent]
+    return list(found.values())
+
+
+# --- moves --------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Move:
+    arm: str
+    params: dict
+    source: str
+    description: str
+    prior: tuple[int, int] = PRIOR_NEUTRAL
+    direction: str = ""  # a constant's: up or down
+
+
+def _steps(name: str, dist, value) -> list[tuple[object, str]]:
+    """The values a constant may step to from `value`, each with its direction."""
     if isinstance(dist, CategoricalDistribution):
-        return value in dist.choices
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not dist.low <= value <= dist.high:
-        return False
-    return not (isinstance(dist, IntDistribution) and value != int(value))
+        choices = list(dist.choices)
+        if value not in choices:
+            return [(c, "") for c in choices]
+        i = choices.index(value)
+        return [(choices[j], "down" if j < i else "up") for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+    if isinstance(dist, IntDistribution):
+        out = [(value - 1, "down"), (value + 1, "up")]
+    elif dist.log:
+        out = [(rounded(value / 2), "down"), (rounded(value * 2), "up")]
+    else:
+        quarter = (dist.high - dist.low) / 4
+        out = [(rounded(max(dist.low, value - quarter)), "down"), (rounded(min(dist.high, value + quarter)), "up")]
+    return [(v, d) for v, d in out if in_space(dist, v) and v != value]
 
 
-class BuiltinProposer:
-    name = "builtin"
+@functools.lru_cache(maxsize=8)
+def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
+    """Every move from `source`: each applicable idea's variants but the one it holds, each constant's steps
+    (cached: parallel workers propose from one champion; nothing may modify what it returns)."""
+    out = []
+    for idea in ideas.CATALOG:
+        if not ideas.applicable(idea, source, profile):
+            continue
+        held = ideas.current(idea, source, profile)
+        for params in ideas.variants(idea, profile):
+            if params == held:
+                continue
+            try:
+                new = ideas.apply(source, idea, params, profile)
+            except EditError:
+                continue
+            prior = PRIOR_NEUTRAL
+            if idea.recommended is not None:
+                prior = PRIOR_TOWARDS if params == idea.recommended else PRIOR_AWAY
+            out.append(Move(idea.name, params, new, ideas.describe(idea, params), prior))
+    values = read_constants(source, profile)
+    for name, dist in SPACES[profile].items():
+        if name not in values:
+            continue
+        for value, direction in _steps(name, dist, values[name]):
+            changes = {name: value}
+            changes.update(consequences(changes, values, seq_len))
+            try:
+                new = set_constants(source, changes, profile)
+            except EditError:
+                continue
+            out.append(Move(f"tune {name}", {name: value, "from": values[name]}, new,
+                            ", ".join(f"{k} {values.get(k)!r} -> {v!r}" for k, v in changes.items()),
+                            direction=direction))
+    return tuple(out)
+
+
+def _same_move(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k != "from"} == {k: v for k, v in b.items() if k != "from"}
+
+
+class Proposer:
+    """What the built-in proposers share: the ledger read afresh, the moves that are allowed."""
+    name = ""
 
     def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
-        self.repo, self.tag, self.profile, self.seq_len = repo, tag, profile, seq_len
-        self.space = SPACES[profile]
-        self.seed = seed
-        self.sources: dict[str, str | None] = {}  # commit -> its train.py (None: gone from git)
-
-    def _rows(self) -> list[ledger.Row]:
-        return ledger.read(state.results(self.repo), self.tag)
-
-    def _params_of(self, source: str) -> dict:
-        values = read_constants(source, self.profile)
-        return {k: values[k] for k in self.space if k in values and _in_space(self.space[k], values[k])}
-
-    def _source(self, commit: str) -> str | None:
-        if commit not in self.sources:
-            try:
-                self.sources[commit] = git.git(self.repo, "show", f"{commit}:train.py")
-            except git.GitError:
-                self.sources[commit] = None  # the commit is gone (garbage-collected): nothing to learn from
-        return self.sources[commit]
-
-    def sync(self, running: list[str] = ()) -> None:
-        """A fresh study holding every recorded configuration as one trial: the mean of its runs, or a failed
-        trial when it never finished a run (it crashed). `running`: the train.py sources parallel workers are
-        running now, as running trials: with constant_liar TPE counts them as bad results, so that proposals made
-        side by side differ instead of piling onto one promising region."""
-        rows = self._rows()
-        self.study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
-            seed=self.seed + len(rows) + len(running), n_startup_trials=5, multivariate=True, constant_liar=True))
-        self.rng = random.Random(self.seed + len(rows))
-        means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
-        seen = set()
-        for row in rows:
-            key = row.key
-            if key in seen or row.status == "refused":
-                continue
-            source = self._source(row.commit)
-            if source is None:
-                continue
-            if key not in means and not any(r.key == key and r.status == "crash"
-                                            and not decide.is_interruption(r) for r in rows):
-                continue  # only refused or interrupted so far: nothing learned about it
-            seen.add(key)
-            params = self._params_of(source)
-            trial = optuna.trial.create_trial(
-                params=params, distributions={k: self.space[k] for k in params}, value=means.get(key),
-                state=optuna.trial.TrialState.COMPLETE if key in means else optuna.trial.TrialState.FAIL,
-                user_attrs={"config": key, "description": row.description})
-            self.study.add_trial(trial)
-        for i, source in enumerate(running):
-            params = self._params_of(source)
-            self.study.add_trial(optuna.trial.create_trial(
-                params=params, distributions={k: self.space[k] for k in params},
-                state=optuna.trial.TrialState.RUNNING, user_attrs={"config": f"running-{i}"}))
+        self.repo, self.tag, self.profile, self.seq_len, self.seed = repo, tag, profile, seq_len, seed
 
     def propose(self, context: dict) -> str:
-        """Edit train.py (the best kept version, checked out) and return a description of the change."""
-        path = self.repo / "train.py"
-        new_source, description = self.propose_source(path.read_text())
+        """Edit train.py (the champion's, checked out) and return the description of the change."""
+        path = self.repo / state.EDITABLE
+        new_source, description = self.propose_source(path.read_text(), in_flight=context.get("in_flight", ()))
         path.write_text(new_source)
         return description
 
-    def propose_source(self, source: str, running: list[str] = ()) -> tuple[str, str]:
-        """A changed copy of `source` (the champion's train.py) and its description; `running`: see sync."""
-        self.sync(running)
-        current = read_constants(source, self.profile)
-        base = self._params_of(source)
-        tried = [t.params for t in self.study.get_trials(deepcopy=False) if "config" in t.user_attrs]
-        for _ in range(50):
-            trial = self.study.ask(self.space)
-            sampled = {k: _round(v) for k, v in trial.params.items()}
-            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # only configurations that ran count
-            # TPE's values for one or two constants picked at random (picking the ones TPE moved furthest
-            # favours constants whose default sits at the edge of the range, e.g. WEIGHT_DECAY 0.0)
-            movable = sorted(k for k, v in sampled.items() if k in base and v != base[k])
-            if not movable:
-                continue
-            chosen = self.rng.sample(movable, min(len(movable), self.rng.randint(1, MAX_CHANGES)))
-            changes = {k: sampled[k] for k in chosen}
-            changes.update(self._consequences(changes, current))
-            candidate = dict(base, **{k: v for k, v in changes.items() if k in self.space})
-            if candidate in tried:
-                continue
-            try:
-                new_source = set_constants(source, changes, self.profile)
-                compile(new_source, "train.py", "exec")
-            except (EditError, SyntaxError):
-                continue
-            return new_source, ", ".join(f"{k} {current[k]!r} -> {v!r}" for k, v in changes.items())
-        raise RuntimeError("the built-in proposer found no untried configuration in 50 attempts")
-
-    def _consequences(self, changes: dict, current: dict) -> dict:
-        """Other constants that must follow, so that train.py's own checks hold."""
-        extra = {}
-        dim = changes.get("MODEL_DIM", current.get("MODEL_DIM"))
-        head = current.get("HEAD_DIM")
-        if head and dim % head:
-            extra["HEAD_DIM"] = math.gcd(dim, head)
-        total = changes.get("TOTAL_BATCH_SIZE")
-        if total is not None:
-            rows = max(1, total // self.seq_len)
-            device = min(current.get("DEVICE_BATCH_SIZE", rows), rows)
-            while rows % device:
-                device -= 1
-            if device != current.get("DEVICE_BATCH_SIZE"):
-                extra["DEVICE_BATCH_SIZE"] = device
-        return extra
+    def allowed(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[list[Move], list]:
+        rows = ledger.read(state.results(self.repo), self.tag)
+        self.rng = random.Random(self.seed + len(rows) + len(running))
+        past = history(rows)
+        tried = {e.config for e in past} | {blob_of(s) for s in running}
+        crashed = [(e.arm, e.params) for e in past if e.outcome == "crash" and e.arm]
+        busy = {parse_move(d)[0] for d in in_flight} - {""}
+        found = [m for m in moves(source, self.profile, self.seq_len)
+                 if blob_of(m.source) not in tried and m.arm not in busy
+                 and not any(arm == m.arm and _same_move(p, m.params) for arm, p in crashed)]
+        if not found:
+            raise RuntimeError("the built-in proposer has no untried move left from this train.py")
+        return found, past
 
     def observe(self, outcome) -> None:
-        self.sync()
+        pass  # everything is read from results.tsv at the next proposal
+
+
+class Researcher(Proposer):
+    name = "builtin"
+
+    def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
+        """A changed copy of `source` (the champion's train.py) and its description. running: the train.py of
+        every run in flight; in_flight: their descriptions (their arms are not moved again now)."""
+        found, past = self.allowed(source, running, in_flight)
+        decided = [e for e in past if e.outcome != "open" and e.arm]
+
+        def tried(m: Move) -> bool:
+            return any(e.arm == m.arm and _same_move(e.params, m.params) for e in decided)
+
+        # 1. back to the public record's choice where the champion strayed from it, each such move once
+        for m in found:
+            if m.prior == PRIOR_TOWARDS and not tried(m):
+                return m.source, m.description
+        # 2. a constant whose step was just kept, stepped again the same way
+        kept = [e for e in past if e.outcome == "keep" and e.arm]
+        if kept and kept[-1].arm.startswith("tune ") and "from" in kept[-1].params:
+            last = kept[-1]
+            name = last.arm.split(" ", 1)[1]
+            way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
+            for m in found:
+                if m.arm == last.arm and m.direction == way:
+                    return m.source, m.description
+        # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
+        arms: dict[str, list[Move]] = {}
+        for m in found:
+            arms.setdefault(m.arm, []).append(m)
+        best, best_draw = None, -1.0
+        for arm in sorted(arms):
+            options = arms[arm]
+            move = self.rng.choice([m for m in options if not tried(m)] or options)
+            keeps = sum(e.arm == arm and e.outcome == "keep" for e in decided)
+            fails = sum(e.arm == arm and e.outcome != "keep" for e in decided)
+            draw = self.rng.betavariate(move.prior[0] + keeps, move.prior[1] + fails)
+            if draw > best_draw:
+                best, best_draw = move, draw
+        return best.source, best.description
+
+
+def _greater(a, b) -> bool:
+    try:
+        return a > b
+    except TypeError:
+        return False
+
+
+class RandomSearch(Proposer):
+    """A move drawn uniformly: an arm, then one of its variants (the benchmark's reference arm)."""
+    name = "random"
+
+    def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
+        found, _ = self.allowed(source, running, in_flight)
+        arm = self.rng.choice(sorted({m.arm for m in found}))
+        move = self.rng.choice([m for m in found if m.arm == arm])
+        return move.source, move.description
+
+
+def builtin(spec: str, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
+    """The built-in proposer named `spec` (BUILTINS), or None when spec names an external agent."""
+    if spec not in BUILTINS:
+        return None
+    if spec == "tpe":
+        from autoresearch.tpe import TPEProposer
+        return TPEProposer(repo, tag, profile, seq_len, seed)
+    return BUILTINS[spec](repo, tag, profile, seq_len, seed)
+
+
+BUILTINS = {"builtin": Researcher, "random": RandomSearch, "tpe": None}

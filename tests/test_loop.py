@@ -36,8 +36,8 @@ def test_set_constants_rewrites_only_the_active_profile_literal():
 # --- the built-in proposer, without training -------------------------------------------------------
 
 
-def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):
-    from autoresearch.proposer import BuiltinProposer
+def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):
+    from autoresearch.tpe import TPEProposer
 
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])
@@ -45,7 +45,7 @@ def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, 
     base = (repo / "train.py").read_text()
     seen = set()
     for i in range(12):
-        proposer = BuiltinProposer(repo, "p", "cpu", seq_len=32, seed=i)  # a fresh process each time
+        proposer = TPEProposer(repo, "p", "cpu", seq_len=32, seed=i)  # a fresh process each time
         description = proposer.propose({})
         new = (repo / "train.py").read_text()
         ast.parse(new)
@@ -62,7 +62,7 @@ def test_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, 
         ledger.append(repo / "results.tsv", record.make_row(config, head, description, f"r{i}", "discard", 3.0 + i / 100,
                                                       0.1, 5, 10.0, 42))
         sh(repo, "git", "reset", "-q", "--hard", config["base_commit"])
-    study = BuiltinProposer(repo, "p", "cpu", seq_len=32)
+    study = TPEProposer(repo, "p", "cpu", seq_len=32)
     study.sync()
     assert len([t for t in study.study.get_trials() if t.state.name == "COMPLETE"]) == 12
 

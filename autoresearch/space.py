@@ -1,0 +1,70 @@
+"""The constants' search space: which hyperparameters of train.py a built-in proposer may move, their ranges per
+profile, and the constants that must follow a move so that train.py's own checks hold."""
+
+from __future__ import annotations
+
+import math
+
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+LR_SPACE = {
+    "MATRIX_LR": FloatDistribution(0.005, 0.2, log=True),
+    "EMBEDDING_LR": FloatDistribution(0.05, 3.0, log=True),
+    "UNEMBEDDING_LR": FloatDistribution(0.0005, 0.05, log=True),
+    "SCALAR_LR": FloatDistribution(0.05, 3.0, log=True),
+    "WEIGHT_DECAY": FloatDistribution(0.0, 0.4),
+    "WARMUP_RATIO": FloatDistribution(0.0, 0.2),
+    "WARMDOWN_RATIO": FloatDistribution(0.1, 0.9),
+    "FINAL_LR_FRAC": FloatDistribution(0.0, 0.3),
+}
+SPACES = {
+    "cpu": {
+        "DEPTH": IntDistribution(2, 8),
+        "MODEL_DIM": CategoricalDistribution([64, 96, 128, 160, 192, 256]),
+        "TOTAL_BATCH_SIZE": CategoricalDistribution([1024, 2048, 4096, 8192, 16384]),
+        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
+        **LR_SPACE,
+    },
+    "gpu": {
+        "DEPTH": IntDistribution(4, 16),
+        "MODEL_DIM": CategoricalDistribution([256, 384, 512, 640, 768, 1024]),
+        "TOTAL_BATCH_SIZE": CategoricalDistribution([2**17, 2**18, 2**19, 2**20]),
+        "WINDOW_PATTERN": CategoricalDistribution(["L", "SL", "SSL", "SSSL"]),
+        **LR_SPACE,
+    },
+}
+
+
+def rounded(value):
+    if isinstance(value, float) and value != 0:
+        return float(f"{value:.3g}")
+    return value
+
+
+def in_space(dist, value) -> bool:
+    """Whether value is one the distribution can hold (an agent may have set anything)."""
+    if isinstance(dist, CategoricalDistribution):
+        return value in dist.choices
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not dist.low <= value <= dist.high:
+        return False
+    return not (isinstance(dist, IntDistribution) and value != int(value))
+
+
+
+def consequences(changes: dict, current: dict, seq_len: int) -> dict:
+    """Other constants that must follow `changes`, so that train.py's own checks hold: HEAD_DIM divides
+    MODEL_DIM, DEVICE_BATCH_SIZE rows divide TOTAL_BATCH_SIZE."""
+    extra = {}
+    dim = changes.get("MODEL_DIM", current.get("MODEL_DIM"))
+    head = changes.get("HEAD_DIM", current.get("HEAD_DIM"))
+    if head and dim and dim % head:
+        extra["HEAD_DIM"] = math.gcd(dim, head)
+    total = changes.get("TOTAL_BATCH_SIZE")
+    if total is not None:
+        rows = max(1, total // seq_len)
+        device = min(current.get("DEVICE_BATCH_SIZE", rows), rows)
+        while rows % device:
+            device -= 1
+        if device != current.get("DEVICE_BATCH_SIZE"):
+            extra["DEVICE_BATCH_SIZE"] = device
+    return extra

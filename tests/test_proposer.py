@@ -1,0 +1,137 @@
+"""The built-in researcher (autoresearch/proposer.py), without training: what it proposes after what the ledger
+holds. Rows are written as the harness writes them (a commit per candidate, its train.py blob as its config)."""
+
+import collections
+import statistics
+
+import pytest
+
+from autoresearch import decide, ideas, ledger, proposer, record, tags
+from autoresearch.edit import read_constants, set_constants
+from conftest import sh
+
+SEQ = 32
+
+
+@pytest.fixture
+def tag(repo, env, monkeypatch):
+    monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
+    return tags.setup(repo, "p")
+
+
+def commit(repo, source: str, message: str) -> str:
+    (repo / "train.py").write_text(source)
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--allow-empty", "-qam", message)
+    return sh(repo, "git", "rev-parse", "HEAD")
+
+
+def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None):
+    """Record `source` as having run n times with `status` (keep leaves the branch on it, like the harness)."""
+    head = commit(repo, source, description)
+    for i in range(n):
+        ledger.append(repo / "results.tsv", record.make_row(
+            config, head, description + (f"{decide.REPEAT_MARK}{i + 1}]" if i else ""), f"r{head[:6]}{i}", status,
+            val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=proposer.blob_of(source)))
+    if status != "keep":
+        sh(repo, "git", "reset", "-q", "--hard", back_to or "HEAD~1")
+
+
+def researcher(repo, seed=0):
+    return proposer.Researcher(repo, "p", "cpu", SEQ, seed)
+
+
+def test_planted_regressions_are_undone_first_then_a_kept_step_is_taken_again(repo, tag):
+    """A train.py with a worse activation, no QK-norm and a detuned learning rate: the researcher's first moves
+    restore the public record's choices, one per experiment; a kept learning-rate step is followed by the next."""
+    source = (repo / "train.py").read_text()
+    broken = source.replace("F.relu(self.c_fc(x)).square()", "F.gelu(self.c_fc(x))")
+    broken = broken.replace("rms_norm(apply_rotary(q, cos, sin)), rms_norm(apply_rotary(k, cos, sin))",
+                            "apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)")
+    broken = set_constants(broken, {"MATRIX_LR": 0.01}, "cpu")
+    run_as(repo, tag, broken, "baseline", "keep", 2.0, n=3)
+    proposed = []
+    for bpb in (1.9, 1.8):
+        new, description = researcher(repo).propose_source((repo / "train.py").read_text())
+        proposed.append(description)
+        run_as(repo, tag, new, description, "keep", bpb, n=2)
+    assert sorted(proposed) == ["idea activation: act='relu2'", "idea qk_norm: norm=True"]
+    assert (repo / "train.py").read_text() == set_constants(source, {"MATRIX_LR": 0.01}, "cpu")
+    # no more moves back to the record; a learning-rate step kept is taken again
+    run_as(repo, tag, set_constants((repo / "train.py").read_text(), {"MATRIX_LR": 0.02}, "cpu"),
+           "MATRIX_LR 0.01 -> 0.02", "keep", 1.7, n=2)
+    new, description = researcher(repo).propose_source((repo / "train.py").read_text())
+    assert description == "MATRIX_LR 0.02 -> 0.04" and read_constants(new)["MATRIX_LR"] == 0.04
+
+
+def test_no_train_py_twice_no_crashed_variant_again_and_parallel_proposals_differ(repo, tag):
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    seen = {proposer.blob_of(source)}
+    crashed = None
+    for i in range(15):
+        new, description = researcher(repo, seed=i).propose_source(source)
+        assert proposer.blob_of(new) not in seen, description
+        seen.add(proposer.blob_of(new))
+        status = "crash" if crashed is None and description.startswith("idea ") else "discard"
+        if status == "crash":
+            crashed = description
+        run_as(repo, tag, new, description, status, 2.1)
+        assert (repo / "train.py").read_text() == source
+    assert crashed is not None
+    # the crashed variant is not proposed again, even from another champion
+    arm, params = proposer.parse_move(crashed)
+    other = set_constants(source, {"MATRIX_LR": 0.05}, "cpu")
+    run_as(repo, tag, other, "MATRIX_LR 0.04 -> 0.05", "keep", 1.9, n=2)
+    for seed in range(10):
+        new, description = researcher(repo, seed).propose_source(other)
+        assert proposer.parse_move(description) != (arm, params)
+    # three workers side by side: each proposal is told what runs (its source and description): three arms
+    running, flight = [], []
+    for _ in range(3):
+        new, description = researcher(repo).propose_source(other, running, flight)
+        running.append(new)
+        flight.append(description)
+    assert len({proposer.parse_move(d)[0] for d in flight}) == 3, flight
+
+
+def test_arms_that_pay_are_drawn_more_often_than_arms_that_failed(repo, tag):
+    """After every arm failed twice but one that was kept twice, that arm is drawn far more often than one in
+    thirty-odd (the arms' count), over many draws."""
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    champion = sh(repo, "git", "rev-parse", "HEAD")
+    moves = proposer.moves(source, "cpu", SEQ)
+    by_arm = collections.defaultdict(list)
+    for m in moves:
+        by_arm[m.arm].append(m)
+    lucky = "momentum_warmup"
+    for arm, options in by_arm.items():
+        for m in options[:2]:
+            if arm != lucky:
+                run_as(repo, tag, m.source, m.description, "discard", 2.1, back_to=champion)
+    # the lucky arm: kept twice on earlier champions (recorded as keeps whose series the branch then left)
+    for i, start in enumerate((0.85, 0.7)):
+        variant = ideas.apply(set_constants(source, {"SCALAR_LR": 0.4 + i / 10}, "cpu"), ideas.IDEAS[lucky],
+                              {"start": start})
+        run_as(repo, tag, variant, ideas.describe(ideas.IDEAS[lucky], {"start": start}), "keep", 1.9 - i / 10,
+               n=2)
+    picks = collections.Counter(proposer.parse_move(researcher(repo, seed).propose_source(source)[1])[0]
+                                for seed in range(40))
+    assert picks[lucky] >= 10, picks  # chance alone: ~1 in 40
+    with pytest.raises(RuntimeError, match="no untried move"):
+        proposer.Researcher(repo, "p", "cpu", SEQ).allowed(source, in_flight=[m.description for m in moves])
+
+
+def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    relu = ideas.apply(source, ideas.IDEAS["activation"], {"act": "relu"})
+    run_as(repo, tag, relu, "idea activation: act='relu'", "discard", 2.2)
+    lr = set_constants(source, {"MATRIX_LR": 0.08}, "cpu")
+    run_as(repo, tag, lr, "MATRIX_LR 0.04 -> 0.08", "keep", 1.9, n=2)
+    past = proposer.history(ledger.read(repo / "results.tsv", "p"))
+    assert [(e.arm, e.outcome, e.runs) for e in past] == [("", "keep", 3), ("activation", "discard", 1),
+                                                          ("tune MATRIX_LR", "keep", 2)]
+    assert past[1].params == {"act": "relu"} and past[1].effect == pytest.approx(0.2)
+    assert past[2].params == {"MATRIX_LR": 0.08, "from": 0.04} and past[2].effect == pytest.approx(-0.1)
+    assert past[2].parent == past[0].config == proposer.blob_of(source)
