@@ -34,11 +34,14 @@ from autoresearch import decide, ledger, machine  # noqa: E402
 from autoresearch.worker import workers_dir  # noqa: E402
 
 
-def fresh_repo(where: Path) -> Path:
+def fresh_repo(where: Path, train_source: str | None = None) -> Path:
+    """A new git repository holding this checkout's fixed files and train.py (or `train_source`)."""
     repo = where / "repo"
     repo.mkdir(parents=True)
     for name in ("train.py", "prepare.py", ".gitignore", "program.md"):
         shutil.copy(ROOT / name, repo / name)
+    if train_source is not None:
+        (repo / "train.py").write_text(train_source)
     for args in (["init", "-q", "-b", "main"], ["add", "-A"],
                  ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
