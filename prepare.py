@@ -644,7 +644,7 @@ def measure_peaks(threads: int) -> dict:
 # ---------------------------------------------------------------------------
 
 FAST_FAIL = "FAST_FAIL"   # a log line starting with this: the loss diverged, the run is a crash
-# One line per LOG_EVERY steps: the progress bar, the dashboard's loss curve and `status` read it.
+# One line every 1/LOG_LINES of the budget: the progress bar, the dashboard's loss curve and `status` read it.
 STEP_RE = re.compile(r"^step=\s*(?P<step>\d+) \| loss=(?P<loss>[\d.naninf+-]+) \| tok/s=(?P<tok_per_sec>\d+) "
                      r"\| mfu=(?P<mfu>[\d.]+)% \| elapsed=(?P<elapsed>\d+)s", re.M)
 

@@ -69,7 +69,8 @@ FINAL_LR_FRAC = 0.0
 # execution
 USE_COMPILE = True                         # torch.compile where it can run (see pick_compile); its time counts
                                            # against the budget, ~30 s cold on 2 CPU cores, ~3 s from the cache
-LOG_EVERY = 50
+LOG_LINES = 50                             # step lines per run, evenly spaced in budget time: the loss curve
+                                           # the dashboard draws and early pruning compares (autoresearch/prune.py)
 
 # ---------------------------------------------------------------------------
 # Model
@@ -361,7 +362,7 @@ def main():
     optimizers = make_optimizers(model, dtype, compiled)
     step_model = torch.compile(model, dynamic=False) if compiled else model
     t_log, tokens_log = t0, 0
-    elapsed = 0.0
+    elapsed, next_log = 0.0, 0.0
     while step < 10**9:  # the clock ends the loop; the counter is only a sentinel
         multiplier = lr_multiplier(min(elapsed / TIME_BUDGET, 1.0))
         for opt in optimizers:
@@ -388,7 +389,8 @@ def main():
             compile_seconds = elapsed  # the first step carries compilation and warm-up
             first_step_wall = now - t0
             t_log, tokens_log = now, tokens
-        if step == 1 or step % LOG_EVERY == 0:
+        if step == 1 or elapsed >= next_log:
+            next_log = (elapsed // (TIME_BUDGET / LOG_LINES) + 1) * (TIME_BUDGET / LOG_LINES)
             rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / max(now - t0, 1e-9)
             print(step_line(step, step_loss, rate, 100 * rate * flops_per_token / peak, elapsed, epoch), flush=True)
             t_log, tokens_log = now, tokens

@@ -60,7 +60,12 @@ def command_for(spec: str) -> list[str]:
     return argv
 
 
-def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] = ()) -> str:
+def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] = (),
+                 source: str | None = None) -> str:
+    """The agent's prompt: the rules, the last results, the champion, what was tried and what the idea catalog
+    offers from `source` (the train.py it will edit; the repository's by default)."""
+    import prepare
+
     from autoresearch import report
     rows = ledger.read(state.results(repo), tag)
     program = (repo / "program.md").read_text() if (repo / "program.md").exists() else ""
@@ -72,6 +77,11 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
     lines += [f"{r.commit}\t{r.val_bpb:.6f}\t{'' if r.mean is None else f'{r.mean:.6f}'}\t{r.memory_gb:.1f}\t"
               f"{r.status}\t{r.description}" for r in rows[-40:]]
     lines.append("\n" + report.champion_text(rows, report.configurations(rows, repo)))
+    manifest = prepare.load_manifest()
+    profile = manifest["profile"] if manifest else prepare.default_profile()
+    source = source if source is not None else (repo / state.EDITABLE).read_text()
+    lines.append("\nDo not repeat what was tried unless something it depends on has changed since.\n"
+                 + proposer.knowledge(rows, source, profile, command=False))
     if in_flight:  # parallel workers (driver.py): propose something else
         lines += ["\n## Running now on other workers (do not propose these again)"] + [f"- {d}" for d in in_flight]
     if last_outcome is not None and last_outcome.row.status == "crash":
@@ -100,7 +110,8 @@ class ExternalAgent:
         self.last_outcome = None
 
     def propose(self, context: dict) -> str:
-        prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()))
+        prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
+                              (self.workdir / state.EDITABLE).read_text())
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)

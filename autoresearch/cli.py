@@ -12,6 +12,7 @@
   autoresearch best                     the champion: mean +- sem, test_bpb, its diff, its exported model
   autoresearch sample                   text written by the champion's exported model
   autoresearch clean                    what can be deleted and how much (--yes deletes it)
+  autoresearch ideas                    the idea catalog and what this tag tried (--apply NAME k=v: write one)
   autoresearch report                   progress.png and a text summary (--html FILE, --json)
   autoresearch dashboard                a live page in the browser: progress, the run in flight, every diff
 
@@ -131,6 +132,9 @@ def main(argv=None) -> int:
                    "workers; a tag keeps the count it started with)")
     p.add_argument("--decision", choices=["stat", "naive"], help=DECISION_HELP + "; a new tag's, else the tag's")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help=SANDBOX_HELP + "; a new tag's, else the tag's")
+    p = sub.add_parser("ideas", help="the idea catalog and what this tag tried; --apply writes one into train.py")
+    p.add_argument("--apply", nargs="+", metavar=("NAME", "KEY=VALUE"),
+                   help="set idea NAME's parameters in train.py, e.g. --apply qk_norm norm=True")
     p = sub.add_parser("report", help="progress.png and a summary of this tag")
     p.add_argument("--results", help="results.tsv to read (default: the repository's)")
     p.add_argument("--tag", help="tag to report (default: the current branch's, else all rows)")
@@ -180,11 +184,12 @@ def _checked(args) -> int:
 def check_environment() -> None:
     """Every AUTORESEARCH_* setting, checked before any command does anything: a malformed one is a usage error
     naming the variable, not a failure at the next run."""
-    from autoresearch import fixed, machine_load, tags
+    from autoresearch import fixed, machine_load, prune, tags
     fixed.budget()
     fixed.clock()
     tags.compile_cache_mode()
     machine_load.check_settings()
+    prune.enabled()
 
 
 def _command(args) -> int:
@@ -227,6 +232,9 @@ def _command(args) -> int:
         print(f"asked {holder} to stop after the experiment in flight "
               "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
         return OK
+    if args.command == "ideas":
+        print(_ideas(repo, args.apply))
+        return OK
     if args.command == "best":
         from autoresearch import champion
         print(champion.best(repo))
@@ -254,6 +262,51 @@ def _command(args) -> int:
     elif args.command == "status":
         print(_status(repo))
     return OK
+
+
+def _ideas(repo: Path, apply: list[str] | None) -> str:
+    """`autoresearch ideas`: the catalog against train.py and this tag's record, or with --apply, one idea
+    written into train.py (nothing else changes; `autoresearch run` then runs it)."""
+    import ast
+
+    import prepare
+
+    from autoresearch import errors, ideas, ledger, proposer, state, tags
+    from autoresearch.edit import EditError
+    manifest = prepare.load_manifest()
+    profile = manifest["profile"] if manifest else prepare.default_profile()
+    path = repo / state.EDITABLE
+    source = path.read_text()
+    if apply:
+        name, *pairs = apply
+        if name not in ideas.IDEAS:
+            raise errors.HarnessError(f"no idea {name!r}; `autoresearch ideas` lists them: "
+                                      + ", ".join(ideas.IDEAS))
+        idea, params = ideas.IDEAS[name], {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or key not in idea.params:
+                raise errors.HarnessError(f"{pair!r}: give KEY=VALUE with KEY one of {', '.join(idea.params)}")
+            try:
+                params[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                params[key] = value
+        held = ideas.current(idea, source, profile) or {}
+        params = {k: params.get(k, held.get(k)) for k in idea.params}
+        if params not in ideas.variants(idea, profile):
+            raise errors.HarnessError(f"{name}: {params} is not one of its variants: "
+                                      + " | ".join(proposer.params_text(v) for v in ideas.variants(idea, profile)))
+        try:
+            path.write_text(ideas.apply(source, idea, params, profile))
+        except EditError as e:
+            raise errors.HarnessError(f"{name}: {e}") from None
+        return f"train.py now has {ideas.describe(idea, params)} (describe the run so: autoresearch run -m " \
+               f"\"{ideas.describe(idea, params)}\")"
+    try:
+        rows = ledger.read(state.results(repo), tags.load_tag(repo)["tag"])
+    except errors.HarnessError:  # not on an experiment branch: the catalog alone
+        rows = []
+    return proposer.knowledge(rows, source, profile)
 
 
 def _change_state(repo: Path, args) -> int:

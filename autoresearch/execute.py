@@ -23,7 +23,7 @@ EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
 
 @dataclass
 class Execution:
-    status: str               # ok, crash or refused
+    status: str               # ok, crash, refused or pruned
     reason: str               # why it crashed or was refused
     result: dict | None       # train.py's result.json
     evaluation: dict          # the harness's evaluation
@@ -32,11 +32,13 @@ class Execution:
 
 def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, pending_path: Path,
             protection: str, fixed_half: fixed.FixedHalf, timeout: float | None = None, on_progress=None,
-            test_threshold: float | None = None, run_no: int = 1, compile_base: Path | None = None) -> Execution:
+            test_threshold: float | None = None, run_no: int = 1, compile_base: Path | None = None,
+            prune=None) -> Execution:
     """Train repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
     integrity checks) and evaluate the model it exported. Writes nothing but run_dir and pending; the caller
     records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy.
-    compile_base: the compile cache the run gets a private copy of (compiled.py), None for none."""
+    compile_base: the compile cache the run gets a private copy of (compiled.py), None for none. prune: see
+    supervise.run_training (prune.py); a pruned run is checked for integrity like any other, and not evaluated."""
     clock, threads, budget = config["clock"], tags.threads_per_run(config), config["budget_s"]
     out = run_dir / sandbox.OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +55,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
     with contextlib.closing(evaluate.Evaluator(fixed_half.source, fixed_half.cache, out, protection)) as evaluator:
         try:
             training = supervise.run_training(repo, run_dir, seed, timeout, pending, pending_path, view, wrap, on_progress, clock,
-                             threads, spare=[evaluator.proc.pid])
+                             threads, spare=[evaluator.proc.pid], prune=prune)
         finally:
             shutil.rmtree(run_dir / sandbox.COMPILE_DIR, ignore_errors=True)  # throwaway: no run reads it again
         log_text = (run_dir / state.RUN_LOG).read_text(errors="replace")
@@ -80,6 +82,8 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
         result = None
         allowance = config["allowance_s"]
         took = budget + outside_seconds(config, training)
+        if refusal is None and training.pruned:
+            return Execution("pruned", training.pruned, None, {}, training)
         if refusal is None:
             result, problem = (None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir)
             if training.timed_out:

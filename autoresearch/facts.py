@@ -89,9 +89,9 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
     hours = (max(times) - first) / 3600 if times else 0.0
     configs = {r.key for r in rows if r.status != "refused"}
     decided = {}
-    for r in rows:  # a configuration's verdict is its last keep or discard
-        if r.status in ("keep", "discard") and not r.decision.startswith("baseline"):
-            decided[r.key] = r.status
+    for r in rows:  # a configuration's verdict is its last keep or discard (pruned: discarded early)
+        if r.status in ("keep", "discard", "pruned") and not r.decision.startswith("baseline"):
+            decided[r.key] = "discard" if r.status == "pruned" else r.status
     frontier = []
     for i, r in enumerate(rows, 1):
         if r.status == "keep" and r.mean is not None:

@@ -28,7 +28,7 @@ OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluate
 # (the missing columns are dropped from new rows), so that a tag started before an upgrade goes on.
 EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)",
               "\t".join(COLUMNS[:26]) + "\n": "0.4 (before outside_s, test_bpb and flags)"}
-STATUSES = ("keep", "discard", "confirm", "crash", "refused")
+STATUSES = ("keep", "discard", "pruned", "confirm", "crash", "refused")
 
 
 class LedgerError(RuntimeError):

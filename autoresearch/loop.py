@@ -71,8 +71,9 @@ class Progress:
 def line(n: int, r: ledger.Row) -> str:
     """One finished run, as the loop prints it."""
     who = f"[{r.worker}] " if r.worker else ""
-    if r.status in ("crash", "refused"):
-        return f"#{n:<3d} {r.status:8s} {'':8s}  {r.wall_s:4.0f}s  {who}{r.description}"
+    if r.status in ("crash", "refused", "pruned"):
+        why = f"  ({r.decision})" if r.status == "pruned" else ""
+        return f"#{n:<3d} {r.status:8s} {'':8s}  {r.wall_s:4.0f}s  {who}{r.description}{why}"
     mean = f"mean {r.mean:.6f}" + (f" +- {r.sem:.4f}" if r.sem is not None else "") + f" n={r.n}"
     p = f" P={r.p_better:.3f}" if r.p_better is not None else ""
     return f"#{n:<3d} {r.status:8s} {r.val_bpb:.6f}  {mean}{p}  {r.wall_s:4.0f}s  {who}{r.description}  ({r.decision})"

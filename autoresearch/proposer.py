@@ -87,7 +87,7 @@ def history(rows) -> list[Experiment]:
                                       champion.key if champion else "")
         e = found[r.key]
         e.runs += r.status != "crash"
-        if r.status in ("keep", "discard", "crash"):
+        if r.status in ("keep", "discard", "crash", "pruned"):
             e.outcome = "keep" if r.status == "keep" or e.outcome == "keep" else r.status
         if r.status == "keep":
             champion = r
@@ -270,3 +270,39 @@ def builtin(spec: str, repo: Path, tag: str, profile: str, seq_len: int, seed: i
 
 
 BUILTINS = {"builtin": Researcher, "random": RandomSearch, "tpe": None}
+
+
+# --- what an agent or a person should know before proposing ------------------------------------------------------
+
+def params_text(params: dict | None) -> str:
+    if params is None:
+        return "something no variant writes"
+    return ", ".join(f"{k}={v!r}" for k, v in params.items() if k != "from")
+
+
+def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: bool = True) -> str:
+    """What results.tsv says was tried (each experiment's move, outcome and effect) and what the catalog offers
+    from `source`: the text `autoresearch ideas` prints and the external agent's prompt carries (command=False:
+    the loop's agent runs no command, it edits train.py)."""
+    past = [e for e in history(rows) if e.config and e.description and not e.description.startswith("baseline")]
+    lines = ["## Tried on this tag (results.tsv; effect: its mean val_bpb minus that of the champion it started "
+             "from, negative is better)"]
+    for e in past[-last:]:
+        effect = "" if e.effect is None else f", effect {e.effect:+.4f}"
+        lines.append(f"- {e.description}: {e.outcome}{effect} ({e.runs} run{'s' if e.runs != 1 else ''})")
+    if not past:
+        lines.append("- nothing yet")
+    how = ("`autoresearch ideas --apply NAME key=value` writes one into train.py" if command
+           else "each a change to train.py")
+    lines.append(f"\n## The idea catalog (autoresearch/ideas.py; {how}; describe it as `idea NAME: key=value`)")
+    for idea in ideas.CATALOG:
+        if not ideas.applicable(idea, source, profile):
+            lines.append(f"- {idea.name}: its site is not in this train.py")
+            continue
+        tried = [e for e in past if e.arm == idea.name]
+        record = (f"; tried {len(tried)}x, kept {sum(e.outcome == 'keep' for e in tried)}" if tried else "; untried")
+        rec = f"; the record's choice: {params_text(idea.recommended)}" if idea.recommended else ""
+        options = " | ".join(params_text(v) for v in ideas.variants(idea, profile))
+        lines.append(f"- {idea.name} ({idea.why}): holds {params_text(ideas.current(idea, source, profile))}{rec}; "
+                     f"variants {options}{record}")
+    return "\n".join(lines)

@@ -73,6 +73,8 @@ def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule
                   **where)
     if ex.status == "refused":
         return make_row(config, commit, f"{description} [refused: {ex.reason}]", run_id, "refused", **common)
+    if ex.status == "pruned":
+        return make_row(config, commit, description, run_id, "pruned", decision=ex.reason, **common)
     if ex.status == "crash":
         return make_row(config, commit, f"{description} [crash: {ex.reason}]", run_id, "crash", decision=(
             "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, execute, fixed, git, ledger, machine_load, record, recovery, sandbox,
-                          schedule, state, tags)
+from autoresearch import (compiled, decide, execute, fixed, git, ledger, machine_load, prune, record, recovery,
+                          sandbox, schedule, state, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 
 EDITABLE = state.EDITABLE
@@ -104,7 +104,8 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     state.atomic_json(pending_path, pending)
 
     ex = execute.execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed_half, timeout,
-                         on_progress, record.test_threshold(rows, config, rule), series.runs + 1 if series else 1, base)
+                         on_progress, record.test_threshold(rows, config, rule), series.runs + 1 if series else 1, base,
+                         pruning(repo, config, rows, rule, series))
     row = record.result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
                             config_id, repeat, **where)
     record.record(repo, row, run_dir)
@@ -136,6 +137,16 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
         return (f"{EDITABLE} has {size:,} bytes, more than this tag's limit of {config['max_train_bytes']:,} (set "
                 f"at setup): a file that size carries data, not code. Remove what it embeds")
     return tags.preflight(repo, config)
+
+
+def pruning(repo: Path, config: dict, rows, rule: str, series: decide.Series | None):
+    """The prune check for this run (prune.py): candidates only, under the stat rule, once there is a champion;
+    None: it trains its whole budget."""
+    if rule != "stat" or not prune.enabled() or (series is not None and series.kind != "candidate"):
+        return None
+    reference = prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
+                                fixed.contract().STEP_RE)
+    return reference.check if reference is not None else None
 
 
 def run_series(repo: Path, description: str, rule: str | None = None, seed: int = schedule.FIRST_SEED,
@@ -183,6 +194,8 @@ def summary(outcome: Outcome) -> str:
     if row.status == "refused":
         return (f"refused: {row.description}\n--- the branch is back on the last kept commit; the rules are in "
                 f"program.md")
+    if row.status == "pruned":
+        return f"pruned: {row.description}\n--- {row.decision}; train.py is back at the champion (commit {row.commit})"
     if row.status == "crash":
         return (f"crash: {row.description}\n--- last 50 lines of the log ({outcome.run_dir / state.RUN_LOG}) ---\n"
                 f"{outcome.log_tail}\n--- {crash_hint(row.commit)}")

@@ -48,6 +48,7 @@ class Training:
     done_after: float | None = None  # seconds from the start until the training's process ended
     cpu_at_done: float | None = None  # CPU seconds of its processes until then
     rewritten: list | None = None  # contract files (result, model) changed after result.json first appeared
+    pruned: str | None = None   # why it was stopped early (prune.py), None when it was not
 
 
 def files_state(out: Path) -> dict:
@@ -111,11 +112,13 @@ class CappedLog:
 
 
 def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=()) -> Training:
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=(),
+          prune=None) -> Training:
     """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those. `spare`: pids of this process's children
-    that are not the training's (the waiting evaluator)."""
+    that are not the training's (the waiting evaluator). prune(elapsed, step_line) -> a reason to stop the
+    training now (prune.py), or None."""
     out = run_dir / sandbox.OUT_DIR
     contract = fixed.contract()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
@@ -142,7 +145,7 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
     meter = machine_load.Meter()
     children_before = children_cpu()
     result_path = out / contract.RESULT_FILE
-    result_after = cpu_at_result = written = None
+    result_after = cpu_at_result = written = pruned = None
     timed_out = False
     try:
         while proc.poll() is None:
@@ -158,8 +161,12 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
             if tree:
                 known += tree
                 state.atomic_json(pending_path, pending)
-            if on_progress:
-                on_progress(*progress(run_dir / state.RUN_LOG))
+            if on_progress or prune:
+                seen = progress(run_dir / state.RUN_LOG)
+                if on_progress:
+                    on_progress(*seen)
+                if prune and result_after is None and (pruned := prune(*seen)):
+                    break
             time.sleep(0.2)
     finally:
         # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
@@ -177,9 +184,9 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
     if result_after is None and final[contract.RESULT_FILE] is not None:
         result_after, cpu_at_result, written = wall, tree_cpu, final
     rewritten = [name for name in final if written is not None and final[name] != written[name]]
-    return Training(None if timed_out else proc.returncode, timed_out, result_after, wall, cpu_at_result,
+    return Training(None if timed_out or pruned else proc.returncode, timed_out, result_after, wall, cpu_at_result,
                     round(meter.others(tree_cpu), 3), done_after, max(cpu_at_done or 0.0, 0.0) or tree_cpu,
-                    rewritten)
+                    rewritten, pruned)
 
 
 def children_cpu() -> float:

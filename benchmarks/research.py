@@ -71,7 +71,8 @@ def detuned_source(compile_: bool) -> str:
 
 
 def measure(source: str, budget: float, seeds: list[int], work: Path) -> list[float]:
-    """val_bpb of `source` trained by hand (the validation split visible) once per seed."""
+    """val_bpb of `source` trained by hand (the validation split visible) once per seed; each run's output is
+    kept as work/seed<N>/train.log."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "train.py").write_text(source)
     (work / "prepare.py").write_text((ROOT / "prepare.py").read_text())
@@ -81,6 +82,8 @@ def measure(source: str, budget: float, seeds: list[int], work: Path) -> list[fl
         env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), AUTORESEARCH_SEED=str(seed),
                    AUTORESEARCH_RUN_DIR=str(run_dir))
         proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "train.log").write_text(proc.stdout + proc.stderr)
         result = run_dir / "result.json"
         if proc.returncode or not result.exists():
             raise RuntimeError(f"re-measuring failed (seed {seed}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")

@@ -100,9 +100,11 @@ def cli(repo, *args, env=None, timeout=300):
 def env(small_cache):
     """The harness tests' environment: the small cache, a 2 s budget, no compile phase (their train.py trains
     eager; the compile cache has its own tests, which set AUTORESEARCH_COMPILE_CACHE=champion), and no wait for a
-    quiet machine (the tests pass next to other work; the load guard's tests set AUTORESEARCH_LOAD_LIMIT)."""
+    quiet machine (the tests pass next to other work; the load guard's tests set AUTORESEARCH_LOAD_LIMIT), and no
+    early pruning (a 2 s run's loss curve is a handful of points; test_harness's first test turns it on)."""
     return dict(os.environ, AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET=BUDGET,
-                PYTHONPATH=str(ROOT), AUTORESEARCH_COMPILE_CACHE="off", AUTORESEARCH_LOAD_LIMIT="1000")
+                PYTHONPATH=str(ROOT), AUTORESEARCH_COMPILE_CACHE="off", AUTORESEARCH_LOAD_LIMIT="1000",
+                AUTORESEARCH_PRUNE="off")
 
 
 @pytest.fixture

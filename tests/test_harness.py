@@ -49,13 +49,19 @@ def test_keep_discard_crash_and_status(repo, env):
             in cli(repo, "status", env=env).stdout)
     assert re.search(r"val_bpb=\d\.\d{4}", (repo / "run.log").read_text())
 
-    # a worse change: nothing learns with every learning rate at zero
+    # a worse change: nothing learns with every learning rate at zero. Its loss, past half the budget, is worse
+    # than the champion's three runs there by far more than their spread: stopped early, recorded as pruned
     original = (repo / "train.py").read_text()
     edit_train(repo, r"^(MATRIX|EMBEDDING|UNEMBEDDING|SCALAR)_LR = .*$", r"\1_LR = 0.0")
-    worse = cli(repo, "run", "-m", "all learning rates zero", env=env)
+    worse = cli(repo, "run", "-m", "all learning rates zero", env=dict(env, AUTORESEARCH_PRUNE="on"))
     assert worse.returncode == 0, worse.stdout + worse.stderr
-    assert re.search(r"^discard:", worse.stdout, re.M)
+    assert re.search(r"^pruned: all learning rates zero\n--- pruned at \d+ s of 2: training loss ", worse.stdout, re.M), \
+        worse.stdout
     assert head(repo) == kept and (repo / "train.py").read_text() == original
+    pruned = rows(repo)[-1]
+    assert pruned.val_bpb == 0 and not (repo / ".autoresearch/runs" / pruned.run_id / "evaluation.json").exists()
+    assert "val_bpb=" not in (repo / ".autoresearch/runs" / pruned.run_id / "run.log").read_text()
+    assert cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_PRUNE="maybe")).returncode == 2
 
     # a broken change: a syntax error crashes, the log tail is shown, the branch stays on the kept commit
     (repo / "train.py").write_text(original.replace("def main():", "def main(:"))
@@ -65,12 +71,12 @@ def test_keep_discard_crash_and_status(repo, env):
     assert head(repo) == kept and (repo / "train.py").read_text() == original
 
     statuses = [r.status for r in rows(repo)]
-    assert statuses == ["keep", "keep", "keep", "discard", "crash"]  # all-zero rates: discarded after one run
-    assert "sigma worse after one run" in rows(repo)[3].decision
+    assert statuses == ["keep", "keep", "keep", "pruned", "crash"]
+    assert "than the champion's" in rows(repo)[3].decision
     crash = rows(repo)[-1]
     assert crash.val_bpb == 0.0 and crash.memory_gb == 0.0 and "exit status 1" in crash.description
     status = cli(repo, "status", env=env)
-    assert "3 keep, 1 discard, 0 confirm, 1 crash" in status.stdout and rows(repo)[0].commit in status.stdout
+    assert "3 keep, 0 discard, 1 pruned, 0 confirm, 1 crash" in status.stdout and rows(repo)[0].commit in status.stdout
     assert "champion: val_bpb " in status.stdout and "over 3 run(s)" in status.stdout
     # results.tsv is never committed: git does not see it
     assert "results.tsv" not in sh(repo, "git", "status", "--porcelain", "--ignored=no")

@@ -135,3 +135,25 @@ def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
     assert past[1].params == {"act": "relu"} and past[1].effect == pytest.approx(0.2)
     assert past[2].params == {"MATRIX_LR": 0.08, "from": 0.04} and past[2].effect == pytest.approx(-0.1)
     assert past[2].parent == past[0].config == proposer.blob_of(source)
+
+
+def test_the_agent_s_prompt_and_autoresearch_ideas_show_what_was_tried_and_what_the_catalog_offers(repo, tag, env):
+    from autoresearch import agents
+    from conftest import cli
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    relu = ideas.apply(source, ideas.IDEAS["activation"], {"act": "relu"})
+    run_as(repo, tag, relu, "idea activation: act='relu'", "discard", 2.25)
+    prompt = agents.build_prompt(repo, "p")
+    assert "- idea activation: act='relu': discard, effect +0.2500 (1 run)" in prompt
+    assert "- activation (ReLU squared" in prompt and "tried 1x, kept 0" in prompt
+    assert "- qk_norm (" in prompt and "untried" in prompt and "autoresearch ideas" not in prompt
+    # a person or an agent that drives the CLI: the same, and --apply writes one idea
+    out = cli(repo, "ideas", env=env)
+    assert out.returncode == 0 and "- idea activation: act='relu': discard" in out.stdout, out.stderr
+    out = cli(repo, "ideas", "--apply", "qk_norm", "norm=False", env=env)
+    assert out.returncode == 0, out.stderr
+    assert ideas.current(ideas.IDEAS["qk_norm"], (repo / "train.py").read_text()) == {"norm": False}
+    bad = cli(repo, "ideas", "--apply", "qk_norm", "norm=maybe", env=env)
+    assert bad.returncode == 2 and "not one of its variants" in bad.stderr
+    assert cli(repo, "ideas", "--apply", "warp_drive", env=env).returncode == 2

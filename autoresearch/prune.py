@@ -1,0 +1,134 @@
+"""Stopping hopeless runs early: a candidate whose training loss, past a fraction of its budget, is worse than the
+champion's runs at the same point by more than the tag's noise allows is stopped and recorded as `pruned` (a
+discard that cost less).
+
+The comparison is at equal *budget time* (the step line's `elapsed`, on the budget's clock), never at equal
+steps: a faster train.py that is behind per step but ahead per second is what a fixed budget rewards. The
+champion's curve at a moment is the mean of its runs' losses there (each run's loss linearly interpolated
+between its step lines). The margin is calibrated on the tag: the standard deviation of the loss at that moment
+between runs of one configuration, pooled over every configuration with repeats; a run is pruned when
+
+    loss - champion_mean(t) > Z * sd(t) * sqrt(1 + 1/n)  and  > MIN_GAP,   at t >= FROM_FRACTION of the budget,
+
+with n the champion's runs. Until the tag has repeats enough (MIN_DF degrees of freedom) nothing is pruned.
+Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
+benchmarks/pruning.py, BENCHMARKS.md). Only candidates are pruned, never the baseline or the champion's repeats.
+A step line is train.py's own word; a train.py that prints a loss lower than its own only escapes pruning (its
+val_bpb is still the harness's), and one that prints a higher one only prunes itself.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoresearch.errors import HarnessError
+
+FROM_FRACTION = 0.5   # no verdict in the first half: warm-up, compilation and schedule shapes differ there
+Z = 4.0               # margin in noise sigmas (see the module docstring for how it was chosen)
+MIN_GAP = 0.02        # nats: below this, never worth a verdict
+MIN_DF = 2            # degrees of freedom of the pooled noise before any run is pruned
+
+
+def enabled() -> bool:
+    """AUTORESEARCH_PRUNE: on (the default) or off (every run trains its whole budget)."""
+    mode = os.environ.get("AUTORESEARCH_PRUNE", "").strip() or "on"
+    if mode not in ("on", "off"):
+        raise HarnessError(f"AUTORESEARCH_PRUNE={mode!r}: use on (the default: hopeless candidates stop early) or off.")
+    return mode == "on"
+
+
+def curve(log_text: str, step_re) -> list[tuple[float, float]]:
+    """(elapsed, loss) of every finite step line in a training's log, in order."""
+    out = []
+    for m in step_re.finditer(log_text):
+        try:
+            loss = float(m["loss"])
+        except ValueError:
+            continue
+        if math.isfinite(loss):
+            out.append((float(m["elapsed"]), loss))
+    return out
+
+
+def at(points: list[tuple[float, float]], t: float) -> float | None:
+    """A curve's loss at elapsed t, linearly interpolated; None outside the curve."""
+    for (t0, l0), (t1, l1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return l0 if t1 == t0 else l0 + (l1 - l0) * (t - t0) / (t1 - t0)
+    return points[-1][1] if points and points[-1][0] == t else None
+
+
+@dataclass
+class Reference:
+    """What a candidate is compared with: the champion's curves and the tag's noise, from the logs."""
+    budget: float
+    champion: list[list[tuple[float, float]]]   # one curve per champion run
+    repeats: list[list[list[tuple[float, float]]]]  # per configuration with >= 2 runs, its runs' curves
+
+    def noise(self, t: float) -> tuple[float, int] | None:
+        """Pooled standard deviation of the loss at t between runs of one configuration, and its degrees of
+        freedom."""
+        ss, df = 0.0, 0
+        for runs in self.repeats:
+            values = [v for v in (at(c, t) for c in runs) if v is not None]
+            if len(values) >= 2:
+                mean = sum(values) / len(values)
+                ss += sum((v - mean) ** 2 for v in values)
+                df += len(values) - 1
+        return (math.sqrt(ss / df), df) if df else None
+
+    def check(self, elapsed: float | None, line: str | None) -> str | None:
+        """verdict() for the newest step line of a run in flight (supervise.run_training's prune)."""
+        m = re.search(r"\bloss=(\S+)", line or "")
+        try:
+            return self.verdict(elapsed, float(m.group(1))) if m else None
+        except ValueError:
+            return None
+
+    def verdict(self, elapsed: float | None, loss: float | None) -> str | None:
+        """Why a candidate at (elapsed, loss) should stop now, or None."""
+        if elapsed is None or loss is None or elapsed < FROM_FRACTION * self.budget or not math.isfinite(loss):
+            return None
+        champ = [v for v in (at(c, elapsed) for c in self.champion) if v is not None]
+        noise = self.noise(elapsed)
+        if not champ or noise is None or noise[1] < MIN_DF:
+            return None
+        mean = sum(champ) / len(champ)
+        margin = max(Z * noise[0] * math.sqrt(1 + 1 / len(champ)), MIN_GAP)
+        if loss - mean > margin:
+            return (f"pruned at {elapsed:.0f} s of {self.budget:g}: training loss {loss:.4f} against the champion's "
+                    f"{mean:.4f} there (n={len(champ)}), worse by more than {margin:.4f} ({Z:g} sigma of "
+                    f"{noise[0]:.4f}, df={noise[1]})")
+        return None
+
+
+def reference(rows, budget: float, log_of, step_re) -> Reference | None:
+    """The Reference of a tag from its ledger rows; log_of(row) -> the text of its run's log (or None). None
+    before there is a champion."""
+    from autoresearch import decide
+    champ = decide.champion(rows)
+    if champ is None:
+        return None
+    curves: dict[str, list] = {}
+    for r in decide.finished(rows):
+        text = log_of(r)
+        points = curve(text, step_re) if text else []
+        if points:
+            curves.setdefault(r.key, []).append(points)
+    return Reference(budget, curves.get(champ.key, []), [runs for runs in curves.values() if len(runs) >= 2])
+
+
+def log_reader(runs_dir: Path, log_name: str):
+    """log_of for reference(): a run's log from its directory under runs_dir, its head only (the step lines of
+    a train.py that prints more than a megabyte are not worth reading for this)."""
+    def read(row) -> str | None:
+        try:
+            with open(runs_dir / row.run_id / log_name, "rb") as f:
+                return f.read(1 << 20).decode(errors="replace")
+        except OSError:
+            return None
+    return read

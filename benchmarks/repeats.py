@@ -1,0 +1,105 @@
+"""Two nearby configurations, each trained by hand on the same seeds, and what their repeats say
+(BENCHMARKS.md: Paired seeds and early pruning, measured on repeats):
+
+- paired seeds: how correlated the two configurations' seed effects are. A candidate's k-th run could use the
+  champion's k-th seed, so that seed effects cancel in the difference; with correlation rho, the paired
+  difference's variance is (1 - rho) times the unpaired one, and a decision needs about that fraction of the runs;
+- early pruning (autoresearch/prune.py): its false-prune rate on no-op changes. Each run is replayed as a
+  candidate against the other runs of its own configuration as the champion, the noise pooled from every other
+  run: any verdict is a false prune. Also each run of B against A's runs (a nearby change, never hopeless).
+
+    python benchmarks/repeats.py --budget 60 --seeds 6
+    python benchmarks/repeats.py --budget 20 --seeds 6 --change "WARMDOWN_RATIO=0.6"
+
+torch.compile is off, as in benchmarks/research.py. Results are appended as JSON lines to --out (default
+benchmarks/results/repeats-<date>.jsonl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from research import ROOT, default_source, measure
+
+import prepare  # noqa: E402
+from autoresearch import machine, prune  # noqa: E402
+from autoresearch.edit import set_constants  # noqa: E402
+
+
+def pearson(xs, ys) -> float:
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    return sxy / (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
+
+
+def curves(work: Path, seeds) -> list:
+    return [prune.curve((work / f"seed{s}" / "train.log").read_text(), prepare.STEP_RE) for s in seeds]
+
+
+def false_prunes(mine: list, others: list, budget: float) -> tuple[int, int]:
+    """(pruned, tried): each of `mine` against the rest of `mine` as the champion, noise pooled from the rest
+    of mine and `others`."""
+    pruned = 0
+    for i, run in enumerate(mine):
+        rest = mine[:i] + mine[i + 1:]
+        ref = prune.Reference(budget, rest, [rest, others])
+        pruned += any(ref.verdict(t, loss) for t, loss in run)
+    return pruned, len(mine)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=60, help="training seconds per run (default 60)")
+    parser.add_argument("--seeds", type=int, default=6, help="runs per configuration (default 6)")
+    parser.add_argument("--change", default="MATRIX_LR=0.05", help="B: A (the default) with this constant set")
+    parser.add_argument("--out", help="JSON lines file (default benchmarks/results/repeats-<date>.jsonl)")
+    args = parser.parse_args()
+    name, _, value = args.change.partition("=")
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"repeats-{time.strftime('%Y-%m-%d')}.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="autoresearch-repeats-"))
+    hw = machine.hardware()
+    seeds = [2001 + i for i in range(args.seeds)]
+    print(f"{machine.describe(hw)}; budget {args.budget:g} s, seeds {seeds}; A: the default, B: {args.change}; "
+          f"work in {work}", flush=True)
+    a_source = default_source(False)
+    b_source = set_constants(a_source, {name: ast.literal_eval(value)}, "cpu")
+    t0 = time.time()
+    # interleaved, A then B per seed, so that a drift of the machine's speed hits both alike
+    a, b = [], []
+    for s in seeds:
+        a += measure(a_source, args.budget, [s], work / "A")
+        b += measure(b_source, args.budget, [s], work / "B")
+        print(f"seed {s}: A {a[-1]:.4f}  B {b[-1]:.4f}", flush=True)
+    rho = pearson(a, b)
+    diffs = [y - x for x, y in zip(a, b)]
+    ca, cb = curves(work / "A", seeds), curves(work / "B", seeds)
+    fa, fb = false_prunes(ca, cb, args.budget), false_prunes(cb, ca, args.budget)
+    cross = sum(any(prune.Reference(args.budget, ca, [ca, cb[:i] + cb[i + 1:]]).verdict(t, loss) for t, loss in run)
+                for i, run in enumerate(cb))
+    result = {
+        "budget_s": args.budget, "change": args.change, "seeds": seeds, "A": [round(x, 6) for x in a],
+        "B": [round(x, 6) for x in b], "rho": round(rho, 3), "sd_A": round(statistics.stdev(a), 5),
+        "sd_B": round(statistics.stdev(b), 5), "sd_paired_diff": round(statistics.stdev(diffs), 5),
+        "sd_unpaired_diff": round((statistics.variance(a) + statistics.variance(b)) ** 0.5, 5),
+        "mean_diff": round(statistics.fmean(diffs), 5), "step_lines": statistics.median(len(c) for c in ca + cb),
+        "false_prunes": [fa[0] + fb[0], fa[1] + fb[1]], "B_pruned_against_A": [cross, len(cb)],
+        "prune_rule": {"from_fraction": prune.FROM_FRACTION, "z": prune.Z, "min_gap": prune.MIN_GAP},
+        "minutes": round((time.time() - t0) / 60, 1), "cpu": hw["name"], "cores": hw["cores"],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "work": str(work),
+    }
+    with open(out, "a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

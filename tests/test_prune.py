@@ -1,0 +1,54 @@
+"""Early pruning's rule (autoresearch/prune.py), on loss curves made up to the point: the harness's own use of
+it is in test_harness (a candidate with every learning rate at zero is pruned, with no evaluation)."""
+
+import random
+
+import prepare
+from autoresearch import prune
+
+BUDGET = 100.0
+
+
+def run(level: float, rng, noise=0.02, start=0):
+    """A loss curve falling from 6 towards `level`, one step line a second, with noise between runs."""
+    shift = rng.gauss(0, noise)
+    return [(float(t), level + (6 - level) * 0.97 ** t + shift + rng.gauss(0, noise / 4)) for t in range(start, 101)]
+
+
+def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_after_half_the_budget():
+    rng = random.Random(0)
+    champion = [run(3.0, rng) for _ in range(3)]
+    ref = prune.Reference(BUDGET, champion, [champion, [run(3.2, rng) for _ in range(2)]])
+    sd, df = ref.noise(60)
+    assert 0.005 < sd < 0.08 and df == 3
+    # 200 no-op candidates (new seeds of the champion's curve): none pruned at any step line
+    false = sum(any(ref.verdict(t, loss) for t, loss in run(3.0, rng)) for _ in range(200))
+    assert false <= 200 * 0.02
+    # a hopeless candidate: never before half the budget, then at the first line past it
+    hopeless = run(4.0, rng)
+    verdicts = [(t, ref.verdict(t, loss)) for t, loss in hopeless]
+    assert not any(v for t, v in verdicts if t < 50)
+    first = next(t for t, v in verdicts if v)
+    assert first == 50 and "pruned at 50 s of 100: training loss 4." in dict(verdicts)[50]
+    # a small real gap (a discard, not hopeless) is left to the decision rule
+    assert not any(ref.verdict(t, loss) for t, loss in run(3.03, random.Random(5), noise=0.0))
+
+
+def test_no_verdict_without_noise_to_calibrate_on_or_a_curve_to_compare_with():
+    rng = random.Random(1)
+    champion = [run(3.0, rng)]
+    assert prune.Reference(BUDGET, champion, []).verdict(80, 9.0) is None  # one run: no noise estimate
+    ref = prune.Reference(BUDGET, [run(3.0, rng, start=0)[:40]] * 2, [[run(3.0, rng), run(3.0, rng)]])
+    assert ref.verdict(80, 9.0) is None  # the champion's curve ends before 80 s
+    ref = prune.Reference(BUDGET, [run(3.0, rng), run(3.0, rng)], [[run(3.0, rng), run(3.0, rng), run(3.0, rng)]])
+    assert ref.verdict(80, float("nan")) is None and ref.verdict(None, 9.0) is None
+    assert ref.check(80, "step=   80 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=80s | epoch=1")
+    assert ref.check(80, "no step line") is None
+
+
+def test_curves_are_read_from_the_step_lines_and_interpolated():
+    text = "\n".join(prepare.step_line(s, loss, 1000, 1.0, t, 1) for s, loss, t in
+                     [(1, 6.0, 0), (10, 5.0, 10), (20, float("nan"), 15), (30, 4.0, 20)]) + "\nval_bpb=1.0\n"
+    points = prune.curve(text, prepare.STEP_RE)
+    assert points == [(0.0, 6.0), (10.0, 5.0), (20.0, 4.0)]
+    assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
