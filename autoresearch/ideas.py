@@ -346,12 +346,13 @@ SITES["newton_schulz"] = DefaultArgSite("newton_schulz", "orthogonalize", "steps
 class ConstantSite(Site):
     """A hyperparameter constant whose value is an idea of its own (a soft cap, head size), per profile."""
 
-    def __init__(self, name, constant, grids: dict[str, list], profile: str = "cpu"):
+    def __init__(self, name, constant, grids: dict[str, list], profile: str = "cpu", valid=None):
         super().__init__(name, None, None, {constant: grids[profile]}, {})
         self.constant, self.grids, self.profile = constant, grids, profile
+        self.valid = valid  # valid(constants) -> whether train.py's own checks hold with the new value
 
     def for_profile(self, profile):
-        return ConstantSite(self.name, self.constant, self.grids, profile)
+        return ConstantSite(self.name, self.constant, self.grids, profile, self.valid)
 
     def read(self, source):
         values = read_constants(source, self.profile)
@@ -361,12 +362,17 @@ class ConstantSite(Site):
         return {self.constant: v} if v in self.grid[self.constant] else None
 
     def write(self, source, params):
-        return set_constants(source, {self.constant: params[self.constant]}, self.profile)
+        new = set_constants(source, {self.constant: params[self.constant]}, self.profile)
+        if self.valid is not None and not self.valid(read_constants(new, self.profile)):
+            raise EditError(f"{self.constant}={params[self.constant]!r} does not fit this train.py's other constants")
+        return new
 
 
 CONSTANT_SITES = {
     "softcap": ConstantSite("softcap", "SOFTCAP", {"cpu": [0.0, 15.0, 30.0], "gpu": [0.0, 15.0, 30.0]}),
-    "head_dim": ConstantSite("head_dim", "HEAD_DIM", {"cpu": [16, 32, 64], "gpu": [64, 128]}),
+    "head_dim": ConstantSite("head_dim", "HEAD_DIM", {"cpu": [16, 32, 64], "gpu": [64, 128]},
+                             valid=lambda c: isinstance(c.get("HEAD_DIM"), int) and c["HEAD_DIM"] > 0 and (
+                                 not isinstance(c.get("MODEL_DIM"), int) or c["MODEL_DIM"] % c["HEAD_DIM"] == 0)),
     "adam_betas": ConstantSite("adam_betas", "ADAM_BETAS", {"cpu": [(0.8, 0.95), (0.9, 0.95), (0.9, 0.99)],
                                                             "gpu": [(0.8, 0.95), (0.9, 0.95), (0.9, 0.99)]}),
 }
@@ -450,18 +456,45 @@ def apply(source: str, idea: Idea, params: dict, profile: str = "cpu") -> str:
         raise EditError(f"idea {idea.name} would not parse: {e}") from None
     if current(idea, new, profile) != params:
         raise EditError(f"idea {idea.name} did not read back as {params}")
-    if "math." in new and not re.search(r"^import math$", new, re.M):  # the cosine warmdown needs it
-        new = re.sub(r"^import os$", "import math\nimport os", new, count=1, flags=re.M)
-    return new
+    return _math_import(new)
+
+
+def _math_import(source: str) -> str:
+    """`import math` where a variant uses math (the cosine warmdown) and train.py does not import it yet, after
+    the last top-level import; removed again (that line alone) when nothing uses math any more."""
+    uses = re.search(r"\bmath\.", source) is not None
+    line = re.search(r"^import math\n", source, re.M)
+    if uses and line is None:
+        imports = [n for n in _tree(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        if not imports:
+            raise EditError("train.py has no top-level import to put `import math` after")
+        lines = source.splitlines(keepends=True)
+        end = max(n.end_lineno for n in imports if isinstance(n, ast.Import)) if any(
+            isinstance(n, ast.Import) for n in imports) else imports[-1].end_lineno
+        source = "".join(lines[:end]) + "import math\n" + "".join(lines[end:])
+    elif not uses and line is not None:
+        source = source[:line.start()] + source[line.end():]
+    return source
 
 
 def describe(idea: Idea, params: dict) -> str:
     return f"idea {idea.name}: " + ", ".join(f"{k}={v!r}" for k, v in params.items())
 
 
+WHOLE_SITE = " (rewrites its whole site)"  # a move on a site no variant matched: more changes than it names
+HARNESS_NOTES = re.compile(r" \[(?:run \d+\]|crash: |refused: |interrupted: |agent )")  # what the harness appends
+
+
+def move_text(description: str) -> str:
+    """A row's description without what the harness appends to it (the repeat's mark, a crash's or refusal's
+    reason, an agent's violations)."""
+    return HARNESS_NOTES.split(description, 1)[0]
+
+
 def parse(description: str) -> tuple[str, dict] | None:
-    """(idea name, params) of a description written by describe(), else None."""
-    m = IDEA_RE.match(description)
+    """(idea name, params) of a description written by describe() (harness notes after it are ignored), else
+    None."""
+    m = IDEA_RE.match(move_text(description).removesuffix(WHOLE_SITE))
     if not m or m.group(1) not in IDEAS:
         return None
     params = {}
@@ -470,5 +503,5 @@ def parse(description: str) -> tuple[str, dict] | None:
         try:
             params[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            params[key] = value
+            return None  # not a value describe() writes: a free-form description that only looks like one
     return m.group(1), params

@@ -23,6 +23,7 @@ import ast
 import functools
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +61,11 @@ class Experiment:
 def parse_move(description: str) -> tuple[str, dict]:
     """(arm, params) of a proposal's description: `idea NAME: k=v, ...` or `NAME old -> new[, NAME2 ...]` (the
     first constant names the arm)."""
-    parsed = ideas.parse(decide.base_description(description))
+    text = ideas.move_text(description)
+    parsed = ideas.parse(text)
     if parsed:
         return parsed
-    first = decide.base_description(description).split(", ")[0]
+    first = re.split(r", (?=[A-Z][A-Z0-9_]* )", text)[0]
     m = ideas.CONSTANT_RE.match(first)
     if not m:
         return "", {}
@@ -83,7 +85,7 @@ def history(rows) -> list[Experiment]:
             continue
         if r.key not in found:
             arm, params = parse_move(r.description)
-            found[r.key] = Experiment(r.key, decide.base_description(r.description), arm, params,
+            found[r.key] = Experiment(r.key, ideas.move_text(r.description), arm, params,
                                       champion.key if champion else "")
         e = found[r.key]
         e.runs += r.status != "crash"
@@ -110,7 +112,10 @@ class Move:
 
 
 def _steps(name: str, dist, value) -> list[tuple[object, str]]:
-    """The values a constant may step to from `value`, each with its direction."""
+    """The values a constant may step to from `value`, each with its direction (none from a value outside its
+    range: an agent may have written anything there)."""
+    if not isinstance(dist, CategoricalDistribution) and not in_space(dist, value):
+        return []
     if isinstance(dist, CategoricalDistribution):
         choices = list(dist.choices)
         if value not in choices:
@@ -131,11 +136,14 @@ def _steps(name: str, dist, value) -> list[tuple[object, str]]:
 def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
     """Every move from `source`: each applicable idea's variants but the one it holds, each constant's steps
     (cached: parallel workers propose from one champion; nothing may modify what it returns)."""
-    out = []
+    out, sources = [], set()
     for idea in ideas.CATALOG:
         if not ideas.applicable(idea, source, profile):
             continue
         held = ideas.current(idea, source, profile)
+        # a site no variant matches is rewritten whole: several ideas on it may give one train.py (the first
+        # is kept), and the description says it changes more than it names
+        whole = ideas.WHOLE_SITE if ideas.site_of(idea, profile).read(source) is None else ""
         for params in ideas.variants(idea, profile):
             if params == held:
                 continue
@@ -143,10 +151,13 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
                 new = ideas.apply(source, idea, params, profile)
             except EditError:
                 continue
+            if new in sources:
+                continue
+            sources.add(new)
             prior = PRIOR_NEUTRAL
             if idea.recommended is not None:
                 prior = PRIOR_TOWARDS if params == idea.recommended else PRIOR_AWAY
-            out.append(Move(idea.name, params, new, ideas.describe(idea, params), prior))
+            out.append(Move(idea.name, params, new, ideas.describe(idea, params) + whole, prior))
     values = read_constants(source, profile)
     for name, dist in SPACES[profile].items():
         if name not in values:
@@ -186,7 +197,8 @@ class Proposer:
         rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
         past = history(rows)
-        tried = {e.config for e in past} | {blob_of(s) for s in running}
+        # every train.py the tag ran, a refused one included (a lasting refusal must not be proposed again)
+        tried = {r.config for r in rows if r.config} | {e.config for e in past} | {blob_of(s) for s in running}
         crashed = [(e.arm, e.params) for e in past if e.outcome == "crash" and e.arm]
         busy = {parse_move(d)[0] for d in in_flight} - {""}
         found = [m for m in moves(source, self.profile, self.seq_len)
@@ -233,8 +245,12 @@ class Researcher(Proposer):
         for arm in sorted(arms):
             options = arms[arm]
             move = self.rng.choice([m for m in options if not tried(m)] or options)
-            keeps = sum(e.arm == arm and e.outcome == "keep" for e in decided)
-            fails = sum(e.arm == arm and e.outcome != "keep" for e in decided)
+            # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
+            # says nothing for breaking it again)
+            same = [e for e in decided if e.arm == arm and (
+                move.prior != PRIOR_AWAY or ideas.IDEAS[arm].recommended != e.params)]
+            keeps = sum(e.outcome == "keep" for e in same)
+            fails = sum(e.outcome != "keep" for e in same)
             draw = self.rng.betavariate(move.prior[0] + keeps, move.prior[1] + fails)
             if draw > best_draw:
                 best, best_draw = move, draw

@@ -151,9 +151,15 @@ def main() -> int:
         done = [r for r in rows if r.status != "refused" and not decide.is_interruption(r)]
         kept = [decide.base_description(r.description) for r in done
                 if r.status == "keep" and not r.decision.startswith("baseline")]
+        # what early pruning saved: each pruned run's wall time against a candidate run that trained its budget
+        full = [r.wall_s for r in done if r.status in ("discard", "confirm", "keep") and r.repeat == 1
+                and not r.decision.startswith("baseline")]
+        pruned = [r.wall_s for r in done if r.status == "pruned"]
+        saved = sum(statistics.median(full) - w for w in pruned) if full and pruned else 0.0
         result = {
             "mode": mode, "arm": arm, "budget_s": args.budget, "experiments": len({r.key for r in done}) - 1,
             "runs": len(done), "crashes": sum(r.status == "crash" for r in done), "kept": sorted(set(kept)),
+            "pruned": len(pruned), "pruning_saved_minutes": round(saved / 60, 1),
             "loop_minutes": round(loop_s / 60, 1), "champion": [round(v, 6) for v in again],
             "default": [round(v, 6) for v in reference["default"]], "cpu": hw["name"], "cores": hw["cores"],
             "compile": args.compile, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "log": str(work / f"{arm}.log"),

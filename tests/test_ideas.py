@@ -108,3 +108,19 @@ def test_one_variant_of_each_idea_and_all_of_them_composed_train_two_steps_and_e
         assert "error" not in r, (name, r)
         assert r["steps"] == 2 and r["export"] is None and r["graph"], (name, r)
         assert 0 < r["bpb"] < 20, (name, r)
+
+
+def test_moves_that_would_break_train_py_s_own_checks_or_imports_are_not_offered():
+    """A head size that does not divide the width; the cosine warmdown's `import math`, added where train.py
+    imports and removed when nothing uses it any more (a round trip gives the shipped file back)."""
+    from autoresearch.edit import set_constants
+    narrow = set_constants(SOURCE, {"MODEL_DIM": 96}, "cpu")
+    with pytest.raises(EditError, match="does not fit"):
+        ideas.apply(narrow, ideas.IDEAS["head_dim"], {"HEAD_DIM": 64})
+    odd = SOURCE.replace("import os\nimport sys\n", "import os, sys\n")
+    cosine = ideas.apply(odd, ideas.IDEAS["lr_schedule"], {"shape": "cosine"})
+    assert "\nimport math\n" in cosine and "math.cos" in cosine
+    assert ideas.apply(cosine, ideas.IDEAS["lr_schedule"], {"shape": "linear"}) == odd
+    back = ideas.apply(ideas.apply(SOURCE, ideas.IDEAS["lr_schedule"], {"shape": "cosine"}),
+                       ideas.IDEAS["lr_schedule"], {"shape": "linear"})
+    assert back == SOURCE

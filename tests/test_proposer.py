@@ -26,11 +26,14 @@ def commit(repo, source: str, message: str) -> str:
 
 
 def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None):
-    """Record `source` as having run n times with `status` (keep leaves the branch on it, like the harness)."""
+    """Record `source` as having run n times with `status` (keep leaves the branch on it, like the harness; a
+    crash's and a refusal's description carry the reason the harness appends)."""
     head = commit(repo, source, description)
+    note = {"crash": " [crash: exit status 1]", "refused": " [refused: the run took 400 s, more than ...]"}
     for i in range(n):
         ledger.append(repo / "results.tsv", record.make_row(
-            config, head, description + (f"{decide.REPEAT_MARK}{i + 1}]" if i else ""), f"r{head[:6]}{i}", status,
+            config, head, description + (f"{decide.REPEAT_MARK}{i + 1}]" if i else "") + note.get(status, ""),
+            f"r{head[:6]}{i}", status,
             val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=proposer.blob_of(source)))
     if status != "keep":
         sh(repo, "git", "reset", "-q", "--hard", back_to or "HEAD~1")
@@ -85,6 +88,10 @@ def test_no_train_py_twice_no_crashed_variant_again_and_parallel_proposals_diffe
     for seed in range(10):
         new, description = researcher(repo, seed).propose_source(other)
         assert proposer.parse_move(description) != (arm, params)
+    # a lasting refusal (too slow for the allowance) is not proposed again either
+    first, description = researcher(repo, seed=99).propose_source(other)
+    run_as(repo, tag, first, description, "refused", 0.0)
+    assert all(researcher(repo, seed).propose_source(other)[0] != first for seed in range(5))
     # three workers side by side: each proposal is told what runs (its source and description): three arms
     running, flight = [], []
     for _ in range(3):
@@ -120,6 +127,17 @@ def test_arms_that_pay_are_drawn_more_often_than_arms_that_failed(repo, tag):
     assert picks[lucky] >= 10, picks  # chance alone: ~1 in 40
     with pytest.raises(RuntimeError, match="no untried move"):
         proposer.Researcher(repo, "p", "cpu", SEQ).allowed(source, in_flight=[m.description for m in moves])
+
+
+def test_descriptions_read_back_whatever_the_harness_appended():
+    assert proposer.parse_move("idea activation: act='silu' [crash: exit status 1]") == ("activation", {"act": "silu"})
+    assert proposer.parse_move("idea activation: act='silu' [run 2]") == ("activation", {"act": "silu"})
+    assert proposer.parse_move("MATRIX_LR 0.04 -> 0.08 [crash: FAST_FAIL (loss NaN)]") == (
+        "tune MATRIX_LR", {"MATRIX_LR": 0.08, "from": 0.04})
+    assert proposer.parse_move("ADAM_BETAS (0.8, 0.95) -> (0.9, 0.95), MATRIX_LR 0.04 -> 0.05") == (
+        "tune ADAM_BETAS", {"ADAM_BETAS": (0.9, 0.95), "from": (0.8, 0.95)})
+    assert proposer.parse_move("idea activation: act=whatever I felt like") == ("", {})
+    assert proposer.parse_move("made the model wider") == ("", {})
 
 
 def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
