@@ -43,7 +43,7 @@ def read_constants(source: str, profile: str = "cpu") -> dict[str, object]:
     return out
 
 
-def _char_offset(source: str, lineno: int, col_bytes: int) -> int:
+def char_offset(source: str, lineno: int, col_bytes: int) -> int:
     lines = source.splitlines(keepends=True)
     line = lines[lineno - 1]
     return sum(len(x) for x in lines[: lineno - 1]) + len(line.encode("utf-8")[:col_bytes].decode("utf-8"))
@@ -58,8 +58,8 @@ def set_constants(source: str, changes: dict[str, object], profile: str = "cpu")
         if name not in nodes:
             raise EditError(f"train.py has no constant {name}")
         target = _value_node(nodes[name], profile)
-        start = _char_offset(source, target.lineno, target.col_offset)
-        end = _char_offset(source, target.end_lineno, target.end_col_offset)
+        start = char_offset(source, target.lineno, target.col_offset)
+        end = char_offset(source, target.end_lineno, target.end_col_offset)
         spans.append((start, end, repr(value)))
     for start, end, text in sorted(spans, reverse=True):
         source = source[:start] + text + source[end:]

@@ -25,7 +25,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
 
-from autoresearch.edit import EditError, read_constants, set_constants
+from autoresearch.edit import EditError, char_offset, read_constants, set_constants
 
 IDEA_RE = re.compile(r"^idea (\w+): (.*)$")
 CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant moves' "NAME old -> new"
@@ -332,10 +332,9 @@ class DefaultArgSite(Site):
         return {self.arg: value} if value in self.grid[self.arg] else None
 
     def write(self, source, params):
-        from autoresearch.edit import _char_offset
         d = self._literal(source)
-        start = _char_offset(source, d.lineno, d.col_offset)
-        end = _char_offset(source, d.end_lineno, d.end_col_offset)
+        start = char_offset(source, d.lineno, d.col_offset)
+        end = char_offset(source, d.end_lineno, d.end_col_offset)
         return source[:start] + repr(params[self.arg]) + source[end:]
 
 
