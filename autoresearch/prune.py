@@ -28,7 +28,8 @@ from pathlib import Path
 from autoresearch.errors import HarnessError
 
 FROM_FRACTION = 0.5   # no verdict in the first half: warm-up, compilation and schedule shapes differ there
-Z = 4.0               # margin in noise sigmas (see the module docstring for how it was chosen)
+Z = 5.0               # margin in noise sigmas: no-op repeats reached at most 3.25 over a run's ~20 looks
+                      # (benchmarks/repeats.py, 12 runs at 30 s, BENCHMARKS.md); a hopeless run is dozens away
 MIN_GAP = 0.02        # nats: below this, never worth a verdict
 MIN_DF = 2            # degrees of freedom of the pooled noise before any run is pruned
 

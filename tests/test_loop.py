@@ -79,7 +79,8 @@ def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     # not a terminal: plain lines (the training's step lines among them), no progress bar's carriage returns
     assert "\r" not in out.stdout + out.stderr and re.search(r"^  step=\s*1 \| loss=", out.stdout, re.M)
     assert [r.description for r in first][:1] == ["baseline"] and first[0].status == "keep"
-    assert len(first) == 2 and " -> " in first[1].description and first[1].status in ("keep", "discard")
+    from autoresearch import proposer
+    assert len(first) == 2 and proposer.parse_move(first[1].description)[0] and first[1].status in ("keep", "discard")
     # restart: the same tag continues with its history (and its rule), no proposal repeats
     out = cli(repo, "loop", "--max-experiments", "1", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
