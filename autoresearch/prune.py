@@ -8,11 +8,15 @@ champion's curve at a moment is the mean of its runs' losses there (each run's l
 between its step lines). The margin is calibrated on the tag: the standard deviation of the loss at that moment
 between runs of one configuration, pooled over every configuration with repeats; a run is pruned when
 
-    loss - champion_mean(t) > Z * sd(t) * sqrt(1 + 1/n)  and  > MIN_GAP,   at t >= FROM_FRACTION of the budget,
+    loss - champion_mean(t) > Z * k(df) * sd(t) * sqrt(1 + 1/n)  and  > MIN_GAP,
+    at FROM_FRACTION <= t / budget <= UNTIL_FRACTION,
 
-with n the champion's runs. Until the tag has repeats enough (MIN_DF degrees of freedom) nothing is pruned.
+with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
+repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
+nothing is pruned. Only a candidate's first run is: a candidate the rule sent to confirmation is promising, and
+a run near its budget's end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
-benchmarks/pruning.py, BENCHMARKS.md). Only candidates are pruned, never the baseline or the champion's repeats.
+benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
 A step line is train.py's own word; a train.py that prints a loss lower than its own only escapes pruning (its
 val_bpb is still the harness's), and one that prints a higher one only prunes itself.
 """
@@ -28,6 +32,8 @@ from pathlib import Path
 from autoresearch.errors import HarnessError
 
 FROM_FRACTION = 0.5   # no verdict in the first half: warm-up, compilation and schedule shapes differ there
+UNTIL_FRACTION = 0.9  # nor in the last tenth: little is left to save, a result is near (a compressed night
+                      # pruned one at 20 s of 20, saving nothing)
 Z = 5.0               # margin in noise sigmas: no-op repeats reached at most 3.25 over a run's ~20 looks
                       # (benchmarks/repeats.py, 12 runs at 30 s, BENCHMARKS.md); a hopeless run is dozens away
 MIN_GAP = 0.02        # nats: below this, never worth a verdict
@@ -92,19 +98,26 @@ class Reference:
 
     def verdict(self, elapsed: float | None, loss: float | None) -> str | None:
         """Why a candidate at (elapsed, loss) should stop now, or None."""
-        if elapsed is None or loss is None or elapsed < FROM_FRACTION * self.budget or not math.isfinite(loss):
+        if elapsed is None or loss is None or not math.isfinite(loss) or not (
+                FROM_FRACTION * self.budget <= elapsed <= UNTIL_FRACTION * self.budget):
             return None
         champ = [v for v in (at(c, elapsed) for c in self.champion) if v is not None]
         noise = self.noise(elapsed)
         if not champ or noise is None or noise[1] < MIN_DF:
             return None
         mean = sum(champ) / len(champ)
-        margin = max(Z * noise[0] * math.sqrt(1 + 1 / len(champ)), MIN_GAP)
+        margin = max(Z * small_sample(noise[1]) * noise[0] * math.sqrt(1 + 1 / len(champ)), MIN_GAP)
         if loss - mean > margin:
             return (f"pruned at {elapsed:.0f} s of {self.budget:g}: training loss {loss:.4f} against the champion's "
-                    f"{mean:.4f} there (n={len(champ)}), worse by more than {margin:.4f} ({Z:g} sigma of "
-                    f"{noise[0]:.4f}, df={noise[1]})")
+                    f"{mean:.4f} there (n={len(champ)}), worse by more than {margin:.4f} "
+                    f"({Z * small_sample(noise[1]):.1f} sigma of {noise[0]:.4f}, df={noise[1]})")
         return None
+
+
+def small_sample(df: int) -> float:
+    """How much wider Student's t is than the normal at its 95th percentile, with df degrees of freedom."""
+    from scipy.special import stdtrit
+    return float(stdtrit(df, 0.95)) / 1.6448536269514722
 
 
 def reference(rows, budget: float, log_of, step_re) -> Reference | None:

@@ -140,9 +140,9 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
 
 
 def pruning(repo: Path, config: dict, rows, rule: str, series: decide.Series | None):
-    """The prune check for this run (prune.py): candidates only, under the stat rule, once there is a champion;
-    None: it trains its whole budget."""
-    if rule != "stat" or not prune.enabled() or (series is not None and series.kind != "candidate"):
+    """The prune check for this run (prune.py): a candidate's first run only, under the stat rule, once there is
+    a champion; None: it trains its whole budget."""
+    if rule != "stat" or not prune.enabled() or series is not None:
         return None
     reference = prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
                                 fixed.contract().STEP_RE)

@@ -30,6 +30,8 @@ def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_af
     assert not any(v for t, v in verdicts if t < 50)
     first = next(t for t, v in verdicts if v)
     assert first == 50 and "pruned at 50 s of 100: training loss 4." in dict(verdicts)[50]
+    # nor in the budget's last tenth, where nothing is left to save
+    assert dict(verdicts)[89] and ref.verdict(91, 9.0) is None and ref.verdict(100, 9.0) is None
     # a small real gap (a discard, not hopeless) is left to the decision rule
     assert not any(ref.verdict(t, loss) for t, loss in run(3.03, random.Random(5), noise=0.0))
 
@@ -52,3 +54,13 @@ def test_curves_are_read_from_the_step_lines_and_interpolated():
     points = prune.curve(text, prepare.STEP_RE)
     assert points == [(0.0, 6.0), (10.0, 5.0), (20.0, 4.0)]
     assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
+
+
+def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline():
+    """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
+    P 0.948); the baseline's and naive runs have no champion curve to trail."""
+    from autoresearch import decide, run
+    for kind in ("candidate", "baseline"):
+        series = decide.Series(kind, "abc1234", "cfg", "x", 1)
+        assert run.pruning(None, {"budget_s": 2}, [], "stat", series) is None
+    assert run.pruning(None, {"budget_s": 2}, [], "naive", None) is None
