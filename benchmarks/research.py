@@ -14,6 +14,9 @@ rule), one arm after another, alone on the machine:
   default are then re-measured by hand on the same fresh seeds (never used in the loop):
   recovered = (detuned - champion) / (detuned - default), the fraction of the planted gap won back;
 - night (--night): the loop starts from the default and runs --hours; gain = default - champion, on fresh seeds.
+Each champion is re-measured right after its arm, and at the end the default (and the detuned start), and every
+champion again, interleaved per seed: the table is computed from the end, where a drift of the machine's speed
+(a third, for half an hour at a time, on 2026-12-01) hits every configuration alike.
 
     python benchmarks/research.py --budget 60 --experiments 30                 # recovery, the setting
     python benchmarks/research.py --budget 60 --hours 1 --night                # a compressed night
@@ -141,12 +144,13 @@ def main() -> int:
         reference["detuned"] = measure(detuned, args.budget, FRESH_SEEDS, work / "detuned")
     print(json.dumps({k: [round(v, 4) for v in vs] for k, vs in reference.items()}),
           f"({time.time() - t0:.0f} s)", flush=True)
-    results = []
+    results, champions = [], {}
     for arm in args.arms:
         t0 = time.time()
         champion, rows = loop(arm, start, args.budget, None if args.night else args.experiments,
                               args.hours if args.night else None, work / f"{arm}.log", work / arm)
         loop_s = time.time() - t0
+        champions[arm] = champion
         again = measure(champion, args.budget, FRESH_SEEDS, work / f"{arm}-champion")
         done = [r for r in rows if r.status != "refused" and not decide.is_interruption(r)]
         kept = [decide.base_description(r.description) for r in done
@@ -174,12 +178,29 @@ def main() -> int:
         with open(out, "a") as f:
             f.write(json.dumps(result) + "\n")
         print(json.dumps(result), flush=True)
-    print(f"\n| arm | experiments | runs | kept | champion (fresh seeds) | "
+    # The end, drift-proof: the default and every champion again on the same fresh seeds, interleaved per seed.
+    # A machine's speed drifts by a third for half an hour at a time (2026-12-01: 122-140 steps, then 169-191),
+    # and a champion measured after its arm would carry that arm's period against a default measured before all.
+    sources = {"default": default, **({} if args.night else {"detuned": detuned}), **champions}
+    final = {name: [] for name in sources}
+    for seed in FRESH_SEEDS:
+        for name in final:
+            final[name] += measure(sources[name], args.budget, [seed], work / f"final-{name}")
+    record = {"mode": mode, "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()},
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": hw["name"]}
+    with open(out, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps(record), flush=True)
+    for r in results:
+        r["final"] = mean(final[r["arm"]])
+    print(f"\n| arm | experiments | runs | kept | champion (fresh seeds, at the end) | "
           + ("gain over the default |" if args.night else "recovered |") + " loop minutes |")
     print("|---|---|---|---|---|---|---|")
     for r in results:
-        value = r["gain"] if args.night else f"{100 * r['recovered']:.0f}%"
-        print(f"| {r['arm']} | {r['experiments']} | {r['runs']} | {len(r['kept'])} | {mean(r['champion']):.4f} | "
+        reference = mean(final["default"])
+        value = (f"{reference - r['final']:.4f}" if args.night else
+                 f"{100 * (mean(final['detuned']) - r['final']) / (mean(final['detuned']) - reference):.0f}%")
+        print(f"| {r['arm']} | {r['experiments']} | {r['runs']} | {len(r['kept'])} | {r['final']:.4f} | "
               f"{value} | {r['loop_minutes']} |")
     return 0
 
