@@ -57,6 +57,8 @@ class Job:
     source: str = ""   # train.py; not written to inflight/
     champion: str = ""  # the champion's configuration: the run starts from its compile cache (compiled.py)
     champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
+    pruning: dict | None = None  # a candidate's first run: the champion's curves it is stopped against (prune.py,
+                                 # run.pruning); not written to inflight/
 
 
 def keep_on_branch(repo: Path, job: Job) -> str:
@@ -160,11 +162,14 @@ class Driver:
         running = [job.config for job in self.running.values()]
         info = self.workers[name][1]
         champion = tags.last_kept_commit(self.repo, self.config, rows)
+        champion_config = tags.config_of(self.repo, champion)
+        reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
         return Job(state.new_run_id(), self.config["tag"], commit, parent, config_id, description,
                    schedule.seed(rows, len(running), self.rule), schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
-                   info["protection"], state.now(), source, tags.config_of(self.repo, champion),
-                   git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False))
+                   info["protection"], state.now(), source, champion_config,
+                   git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False),
+                   asdict(reference) if reference is not None else None)
 
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""
@@ -203,7 +208,7 @@ class Driver:
 
     def dispatch(self, job: Job) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id),
-                          {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source")})
+                          {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source", "pruning")})
         actor = self.workers[job.worker][0]
         self.running[actor.run.remote(asdict(job))] = job
         self.log(f"   {job.worker}: {job.description}")

@@ -103,9 +103,10 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     pending.update(commit=commit, config=config_id, repeat=repeat)
     state.atomic_json(pending_path, pending)
 
-    ex = execute.execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed_half, timeout,
-                         on_progress, record.test_threshold(rows, config, rule), series.runs + 1 if series else 1, base,
-                         pruning(repo, config, rows, rule, series))
+    ex = execute.execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed_half, timeout=timeout,
+                         on_progress=on_progress, test_threshold=record.test_threshold(rows, config, rule),
+                         run_no=series.runs + 1 if series else 1, compile_base=base,
+                         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None))
     row = record.result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
                             config_id, repeat, **where)
     record.record(repo, row, run_dir)
@@ -139,14 +140,14 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
     return tags.preflight(repo, config)
 
 
-def pruning(repo: Path, config: dict, rows, rule: str, series: decide.Series | None):
-    """The prune check for this run (prune.py): a candidate's first run only, under the stat rule, once there is
-    a champion; None: it trains its whole budget."""
-    if rule != "stat" or not prune.enabled() or series is not None:
+def pruning(repo: Path, config: dict, rows, rule: str, first_run: bool) -> prune.Reference | None:
+    """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
+    under the stat rule, once there is a champion; None: it trains its whole budget. Both loops ask here: this
+    process applies its .check, the parallel driver sends it to the worker with the job."""
+    if rule != "stat" or not prune.enabled() or not first_run:
         return None
-    reference = prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
-                                fixed.contract().STEP_RE)
-    return reference.check if reference is not None else None
+    return prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
+                           fixed.contract().STEP_RE)
 
 
 def run_series(repo: Path, description: str, rule: str | None = None, seed: int = schedule.FIRST_SEED,

@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, record, recovery, sandbox,
-                          state, supervise, tags)
+from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, recovery,
+                          sandbox, state, supervise, tags)
 
 class WorkerRefused(RuntimeError):
     """This machine cannot run the tag's experiments comparably; the message says why and what to do."""
@@ -166,7 +166,8 @@ class Worker:
         started = time.time()
         ex = execute.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
                          self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
-                         compile_base=base)
+                         compile_base=base,
+                         prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None)
         threshold = job.get("test_threshold")
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir

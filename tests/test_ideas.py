@@ -124,3 +124,24 @@ def test_moves_that_would_break_train_py_s_own_checks_or_imports_are_not_offered
     back = ideas.apply(ideas.apply(SOURCE, ideas.IDEAS["lr_schedule"], {"shape": "cosine"}),
                        ideas.IDEAS["lr_schedule"], {"shape": "linear"})
     assert back == SOURCE
+
+
+def test_z_loss_adds_its_gradient_but_the_printed_loss_stays_cross_entropy():
+    """Pruning compares a candidate's printed training loss with the champion's: a z term in the value put a
+    z-loss run 0.3 above the champion and pruned it for a number that is not its loss."""
+    import torch
+    import torch.nn.functional as F
+    site = ideas.SITES["loss"]
+    namespace = {"torch": torch, "F": F}
+    exec("def loss(logits, targets, reduction):\n" + textwrap.indent(site.render({"z": 1e-3}), "    "), namespace)
+    torch.manual_seed(0)
+    logits = (10 * torch.randn(2, 3, 7)).requires_grad_()
+    targets = torch.randint(0, 7, (2, 3))
+    ce = F.cross_entropy(logits.view(-1, 7), targets.reshape(-1))
+    with_z = namespace["loss"](logits, targets, "mean")
+    assert with_z.item() == pytest.approx(ce.item(), abs=1e-6)
+    (g_ce,) = torch.autograd.grad(ce, logits)
+    (g_z,) = torch.autograd.grad(with_z, logits)
+    assert not torch.allclose(g_ce, g_z)  # the z term still trains
+    per_token = namespace["loss"](logits, targets, "none")
+    assert per_token.shape == (6,)

@@ -56,11 +56,31 @@ def test_curves_are_read_from_the_step_lines_and_interpolated():
     assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
 
 
-def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline():
+def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
     """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
-    P 0.948); the baseline's and naive runs have no champion curve to trail."""
-    from autoresearch import decide, run
-    for kind in ("candidate", "baseline"):
-        series = decide.Series(kind, "abc1234", "cfg", "x", 1)
-        assert run.pruning(None, {"budget_s": 2}, [], "stat", series) is None
-    assert run.pruning(None, {"budget_s": 2}, [], "naive", None) is None
+    P 0.948); the baseline's and naive runs have no champion curve to trail. Both loops ask run.pruning: the
+    parallel driver ships its Reference to the worker (as a dict), which must check as this process does."""
+    import dataclasses
+    from autoresearch import ledger, run
+    rows = [ledger.Row(commit="abc1234", val_bpb=2.0, memory_gb=0.0, status="keep", description="baseline",
+                       tag="t", run_id=f"r{i}", time="", budget_s=100, steps=1, wall_s=1.0, fingerprint="f",
+                       config="cfg", seed=42 + i) for i in range(3)]
+    assert run.pruning(tmp_path, {"budget_s": 100}, [], "stat", True) is None  # no champion yet
+    assert run.pruning(tmp_path, {"budget_s": 100}, rows, "stat", False) is None  # a confirmation or a baseline
+    assert run.pruning(tmp_path, {"budget_s": 100}, rows, "naive", True) is None
+    rng = random.Random(2)
+    for i in range(3):  # the champion's logs, where the driver keeps them
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "run.log").write_text("\n".join(
+            prepare.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in run_curve(3.0, rng)))
+    from unittest import mock
+    with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path):
+        ref = run.pruning(tmp_path, {"budget_s": 100}, rows, "stat", True)
+    assert ref is not None and len(ref.champion) == 3
+    shipped = prune.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
+    hopeless = "step=   70 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=70s | epoch=1"
+    assert shipped.check(70, hopeless) and shipped.check(70, hopeless) == ref.check(70, hopeless)
+    assert shipped.check(70, hopeless.replace("9.0000", "3.0000")) is None
+
+
+run_curve = run

@@ -91,19 +91,31 @@ def test_seeds_and_repeat_numbers_count_the_runs_in_flight():
 
 # --- one night through both loops ------------------------------------------------------------------------------
 
-LRS = [0.02, 0.05, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (the baseline has 0.04)
+LRS = [0.02, 0.5, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (the baseline has 0.04); 0.5 is hopeless
 
 
-def fake_execute(repo, config, run_dir, seed, *args, **kw):
-    """val_bpb as a function of train.py's MATRIX_LR and the seed: best at 0.03, noise of a few thousandths. The
-    very first run of the night (seed 42+1: one interrupted row precedes it) crashes."""
+def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
+    """val_bpb as a function of train.py's MATRIX_LR and the seed: best at 0.03, noise of a few thousandths. Its
+    step lines' loss too, and the loop's prune check sees them as a real training's (elapsed 0, 1, 2 s of the
+    2 s budget): MATRIX_LR 0.5 is pruned at 1 s. The very first run of the night (seed 42+1: one interrupted row
+    precedes it) crashes."""
+    import prepare
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
-    (run_dir / state.RUN_LOG).write_text(f"trained with MATRIX_LR={lr} seed={seed}\n")
+    log = run_dir / state.RUN_LOG
+    log.write_text(f"trained with MATRIX_LR={lr} seed={seed}\n")
     training = supervise.Training(0, False, 1.0, 1.0, done_after=2.5, cpu_at_done=2.0)
     if seed == 43:
         return execute.Execution("crash", "exit status 1", None, {}, supervise.Training(1, False, None, 1.0))
-    val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * ((seed * 7919) % 5 - 2)
+    noise = (seed * 7919) % 5 - 2
+    for step, elapsed in enumerate((0, 1, 2), 1):
+        line = prepare.step_line(step, 3 + 1 / (1 + elapsed) + 2 * abs(lr - 0.03) + 0.01 * noise, 1000, 1.0,
+                                 elapsed, 1)
+        with open(log, "a") as f:
+            f.write(line + "\n")
+        if prune is not None and (why := prune(float(elapsed), line)):
+            return execute.Execution("pruned", why, None, {}, supervise.Training(None, False, None, 1.0, pruned=why))
+    val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * noise
     result = {"memory_gb": 0.1, "num_steps": 10, "compile_seconds": 0.1, "tokens_per_second": 1.0}
     return execute.Execution("ok", "", result, {"val_bpb": val, "test_bpb": val + 0.01}, training)
 
@@ -184,6 +196,7 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_COMPILE_CACHE",
                 "AUTORESEARCH_LOAD_LIMIT"):
         monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("AUTORESEARCH_PRUNE", "on")
     for key in ("OMP_NUM_THREADS", "AUTORESEARCH_BUDGET_CLOCK"):  # a worker sets them for its process: undone after
         monkeypatch.setenv(key, "1" if key == "OMP_NUM_THREADS" else "wall")
     import shutil
@@ -203,6 +216,9 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     assert {"discard", "keep"} <= set(statuses[5:]), statuses
     proposals = {decide.base_description(r.description) for r in sequential[5:]}
     assert proposals == {f"MATRIX_LR {lr}" for lr in LRS}
+    # the hopeless proposal is stopped early in both loops (the driver ships the champion's curves to its worker),
+    # and nothing else is
+    assert [r.description for r in sequential if r.status == "pruned"] == ["MATRIX_LR 0.5"], statuses
 
 
 # --- the package's shape ----------------------------------------------------------------------------------------
