@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("run", help="run one experiment")
     p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
     p.add_argument("--seed", type=int, default=42,
-                   help="seed of the first run; under the stat rule each later run of the tag adds its index")
+                   help="seed of every configuration's first run; under the stat rule its k-th run adds k - 1, so "
+                        "that runs of two configurations pair up: use one value for a whole tag")
     p.add_argument("--decision", choices=["stat", "naive"], help="default: the tag's (set at setup)")
     p.add_argument("--timeout", type=float, help="seconds before the run is killed (default: the tag's; never more)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help="default: the tag's (set at setup); a run "

@@ -20,14 +20,28 @@ The rule (run.py applies it after every run; the numbers behind its constants ar
 P_KEEP is 0.98 rather than 0.95 because the rule looks up to three times, with a noise estimate that is still
 thin: simulated, 0.95 keeps 7.8% of changes that do nothing, 0.98 keeps 3.6% (benchmarks/decide_sim.py).
 The champion is the configuration of the last keep: the one with the best mean, never the luckiest single run.
+
+Paired seeds (schedule.seed): every configuration's k-th run uses the same seed, 42 + k - 1, so a candidate's
+runs meet the champion's on the same seeds, and what a seed does to any configuration (its initialisation, its
+batches) cancels in the difference as far as it is shared. compare() measures how far that is, from the tag: a
+two-way fit (configuration + seed) over every finished run leaves the noise no seed explains (residual sigma);
+the pooled noise minus it is the variance of the seed effects. With those, the difference of the two means is
+estimated by generalised least squares on the two configurations' runs, and its standard error is smaller the
+more of the noise the seeds carry. A change that redraws the random numbers (new shapes, another initialisation)
+shares less of a seed's effect than the tag's configurations do among themselves (measured: 0.24 against 0.49,
+BENCHMARKS.md): so once the pair has two common seeds, their own differences bound the seed-free noise from
+below, with their degrees of freedom. Until the fit has MIN_PAIRED_DF degrees of freedom, or when the seeds
+explain nothing, the comparison is the unpaired one above. BENCHMARKS.md has the simulated error rates.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from statistics import fmean
 
+import numpy as np
 from scipy.special import stdtr  # the t CDF; scipy.stats would add 0.4 s to every `autoresearch run`
 
 BASELINE_RUNS = 3      # runs of the baseline: the first champion's mean and the first noise estimate
@@ -38,6 +52,7 @@ MAX_RUNS = 4           # runs of one candidate before an undecided one is reject
 COLD_COMPILE = 0.05    # a first run whose first step took more than this fraction of the budget, and more than
 COLD_COMPILE_S = 15.0  # these seconds, is not discarded alone: on 2 CPU cores a new shape's cold compile took
                        # 25-57 s, a warm one 5-7 s (BENCHMARKS.md, Speed)
+MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed fit before runs are paired
 RULES = ("stat", "naive")
 
 
@@ -70,40 +85,129 @@ def sem(xs: list[float], noise: Noise) -> float:
     return noise.sigma / math.sqrt(len(xs))
 
 
-def p_better(candidate: list[float], champion: list[float], noise: Noise) -> float:
-    """P(the candidate's true mean val_bpb is below the champion's): Student's t with the pooled degrees of
-    freedom on the difference of the means over its standard error."""
+@dataclass(frozen=True)
+class Comparison:
+    """A candidate against the champion: the difference of their true means and what it is known to."""
+    diff: float      # champion's mean minus the candidate's (positive: the candidate is better)
+    se: float        # its standard error
+    df: int          # the degrees of freedom of the noise estimate behind se
+    sigma: float     # one run's noise (the pooled sigma), the unit of DISCARD_MARGIN
+    paired: bool     # whether shared seed effects were taken out (compare)
+
+    @property
+    def p(self) -> float:
+        """P(the candidate's true mean is below the champion's): Student's t on diff / se."""
+        if self.se == 0:
+            return 1.0 if self.diff > 0 else 0.0 if self.diff < 0 else 0.5
+        return float(stdtr(self.df, self.diff / self.se))
+
+
+def unpaired(candidate: list[float], champion: list[float], noise: Noise) -> Comparison:
+    """The two means as independent samples, with the pooled noise."""
     se = noise.sigma * math.sqrt(1 / len(candidate) + 1 / len(champion))
-    diff = fmean(champion) - fmean(candidate)
-    if se == 0:
-        return 1.0 if diff > 0 else 0.0 if diff < 0 else 0.5
-    return float(stdtr(noise.df, diff / se))
+    return Comparison(fmean(champion) - fmean(candidate), se, noise.df, noise.sigma, False)
+
+
+def p_better(candidate: list[float], champion: list[float], noise: Noise) -> float:
+    """P(the candidate's true mean val_bpb is below the champion's), the runs taken as independent."""
+    return unpaired(candidate, champion, noise).p
+
+
+def seed_free_noise(runs: list[tuple[str, int, float]]) -> Noise | None:
+    """The noise left once every configuration's mean and every seed's shared effect are fitted (least squares
+    on configuration + seed), from (configuration, seed, val_bpb) of every finished run; None without a degree
+    of freedom left."""
+    configs = sorted({c for c, _, _ in runs})
+    seeds = sorted({s for _, s, _ in runs})
+    x = np.zeros((len(runs), len(configs) + len(seeds)))
+    for i, (c, s, _) in enumerate(runs):
+        x[i, configs.index(c)] = x[i, len(configs) + seeds.index(s)] = 1.0
+    y = np.array([v for _, _, v in runs])
+    df = len(runs) - int(np.linalg.matrix_rank(x)) if runs else 0
+    if df <= 0:
+        return None
+    fit, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return Noise(math.sqrt(float(np.sum((y - x @ fit) ** 2)) / df), df)
+
+
+def compare(runs: list[tuple[str, int, float]], candidate: str, champion: str) -> Comparison | None:
+    """The candidate's configuration against the champion's, from (configuration, seed, val_bpb) of every
+    finished run of the tag: paired on seeds when the tag shows shared seed effects (see the top), else
+    unpaired; None without a noise estimate."""
+    if candidate == champion:
+        raise ValueError("compare: the candidate is the champion's configuration (a repeat of the champion)")
+    values: dict[str, list[float]] = {}
+    for c, _, v in runs:
+        values.setdefault(c, []).append(v)
+    noise = pooled_noise(values)
+    if noise is None:
+        return None
+    plain = unpaired(values[candidate], values[champion], noise)
+    residual = seed_free_noise(runs)
+    if residual is None or residual.df < MIN_PAIRED_DF or residual.sigma == 0:
+        return plain
+    own, df = residual.sigma ** 2, residual.df
+    # A change that redraws the seed's random numbers (new shapes, another initialisation) shares less of a
+    # seed's effect with the champion than the tag's configurations do among themselves: the pair's own
+    # differences on their common seeds, once there are two, bound the noise the pairing leaves from below
+    common = _by_seed(runs, candidate).keys() & _by_seed(runs, champion).keys()
+    if len(common) >= 2:
+        diffs = [_by_seed(runs, candidate)[s] - _by_seed(runs, champion)[s] for s in common]
+        if statistics.variance(diffs) / 2 > own:
+            own, df = statistics.variance(diffs) / 2, len(common) - 1
+    shared = noise.sigma ** 2 - own  # the variance of a seed's effect on both configurations
+    if shared <= 0:
+        return plain
+    # Generalised least squares of the two means: runs on one seed covary by `shared`
+    mine = [(c, s, v) for c, s, v in runs if c in (candidate, champion)]
+    x = np.array([[c == candidate, c == champion] for c, _, _ in mine], dtype=float)
+    y = np.array([v for _, _, v in mine])
+    seeds = np.array([s for _, s, _ in mine])
+    cov = own * np.eye(len(mine)) + shared * (seeds[:, None] == seeds[None, :])
+    inv = np.linalg.inv(cov)
+    var = np.linalg.inv(x.T @ inv @ x)
+    means = var @ x.T @ inv @ y
+    se = math.sqrt(max(float(var[0, 0] + var[1, 1] - 2 * var[0, 1]), 0.0))
+    return Comparison(float(means[1] - means[0]), se, df, noise.sigma, True)
+
+
+def _by_seed(runs, config: str) -> dict[int, float]:
+    """seed -> the configuration's mean val_bpb on it."""
+    out: dict[int, list[float]] = {}
+    for c, s, v in runs:
+        if c == config:
+            out.setdefault(s, []).append(v)
+    return {s: fmean(vs) for s, vs in out.items()}
 
 
 def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS,
            cold: bool = False) -> Verdict:
-    """The rule above, for a candidate's runs so far against the champion's; `cold`: its last run paid a cold
-    compile (see COLD_COMPILE)."""
-    n = len(candidate)
-    if noise is None:  # neither has repeats yet: nothing to judge a difference by
+    """The rule above for a candidate's runs against the champion's, taken as independent samples."""
+    return rule(len(candidate), unpaired(candidate, champion, noise) if noise else None, max_runs, cold)
+
+
+def rule(n: int, comparison: Comparison | None, max_runs: int = MAX_RUNS, cold: bool = False) -> Verdict:
+    """The rule above, after the candidate's n-th run; `cold`: that run paid a cold compile (see COLD_COMPILE)."""
+    if comparison is None:  # neither has repeats yet: nothing to judge a difference by
         if n >= max_runs:
             return Verdict("discard", f"undecided after {n} runs (no noise estimate)", None)
         return Verdict("confirm", "no noise estimate yet", None)
-    p = p_better(candidate, champion, noise)
-    gap = (fmean(candidate) - fmean(champion)) / noise.sigma if noise.sigma else 0.0
+    p = comparison.p
+    how = " (paired)" if comparison.paired else ""
+    gap = -comparison.diff / comparison.sigma if comparison.sigma else 0.0
     if n == 1:
         if gap > DISCARD_MARGIN and cold:
-            return Verdict("confirm", f"{gap:.1f} sigma worse after one run, but it paid a cold compile", p)
+            return Verdict("confirm", f"{gap:.1f} sigma worse after one run{how}, but it paid a cold compile", p)
         if gap > DISCARD_MARGIN:
-            return Verdict("discard", f"{gap:.1f} sigma worse after one run", p)
-        return Verdict("confirm", f"P {p:.3f} after one run", p)
+            return Verdict("discard", f"{gap:.1f} sigma worse after one run{how}", p)
+        return Verdict("confirm", f"P {p:.3f} after one run{how}", p)
     if p >= P_KEEP:
-        return Verdict("keep", f"P {p:.3f} >= {P_KEEP} after {n} runs", p)
+        return Verdict("keep", f"P {p:.3f} >= {P_KEEP} after {n} runs{how}", p)
     if p < P_CONTINUE:
-        return Verdict("discard", f"P {p:.3f} < {P_CONTINUE} after {n} runs", p)
+        return Verdict("discard", f"P {p:.3f} < {P_CONTINUE} after {n} runs{how}", p)
     if n >= max_runs:
-        return Verdict("discard", f"P {p:.3f}, undecided after {n} runs", p)
-    return Verdict("confirm", f"P {p:.3f} after {n} runs", p)
+        return Verdict("discard", f"P {p:.3f}, undecided after {n} runs{how}", p)
+    return Verdict("confirm", f"P {p:.3f} after {n} runs{how}", p)
 
 
 # --- the state of a tag, from its ledger rows ---------------------------------------------------------------
@@ -112,6 +216,11 @@ def decide(candidate: list[float], champion: list[float], noise: Noise | None, m
 def finished(rows) -> list:
     """Rows whose run produced a val_bpb (keep, discard or confirm)."""
     return [r for r in rows if r.status in ("keep", "discard", "confirm") and r.val_bpb > 0]
+
+
+def seeded(rows) -> list[tuple[str, int, float]]:
+    """(configuration, seed, val_bpb) of every finished run, in order: what compare() pairs on."""
+    return [(r.key, r.seed, r.val_bpb) for r in finished(rows)]
 
 
 def samples(rows) -> dict[str, list[float]]:

@@ -160,12 +160,13 @@ class Driver:
     def job(self, rows, commit: str, parent: str, source: str, description: str, run_no: int, name: str) -> Job:
         config_id = tags.config_of(self.repo, commit)
         running = [job.config for job in self.running.values()]
+        seeds_in_flight = [job.seed for job in self.running.values() if job.config == config_id]
         info = self.workers[name][1]
         champion = tags.last_kept_commit(self.repo, self.config, rows)
         champion_config = tags.config_of(self.repo, champion)
         reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
         return Job(state.new_run_id(), self.config["tag"], commit, parent, config_id, description,
-                   schedule.seed(rows, len(running), self.rule), schedule.repeat_number(rows, config_id, running),
+                   schedule.seed(rows, config_id, seeds_in_flight, self.rule), schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
                    git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -17,6 +18,13 @@ def git(repo: Path, *args: str, check: bool = True, strip: bool = True) -> str:
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout.strip() if strip else proc.stdout
+
+
+def blob_of(content: str | bytes) -> str:
+    """A file's git blob hash before it is committed, 12 hex digits: for train.py, its configuration's name
+    (ledger.Row.config, tags.config_of)."""
+    data = content.encode() if isinstance(content, str) else content
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:12]
 
 
 def toplevel(path: Path) -> Path:

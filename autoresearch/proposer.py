@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -29,19 +28,13 @@ from pathlib import Path
 
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from autoresearch import decide, ideas, ledger, state
+from autoresearch import decide, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, rounded
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, once; then by its record)
 PRIOR_AWAY = (1, 4)       # away from it
 PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
-
-
-def blob_of(text: str) -> str:
-    """A train.py's configuration name before it is committed: git's blob hash, 12 hex digits (ledger.Row.config)."""
-    data = text.encode()
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:12]
 
 
 # --- what the ledger says about moves --------------------------------------------------------------------------
@@ -54,7 +47,8 @@ class Experiment:
     params: dict
     parent: str          # the champion's configuration when it began
     outcome: str = "open"  # keep, discard, crash or open
-    effect: float | None = None  # its mean val_bpb minus its parent's (negative: better)
+    effect: float | None = None  # its mean val_bpb minus its parent's, seeds paired as decide.compare does
+                                 # (negative: better)
     runs: int = 0
 
 
@@ -93,9 +87,13 @@ def history(rows) -> list[Experiment]:
             e.outcome = "keep" if r.status == "keep" or e.outcome == "keep" else r.status
         if r.status == "keep":
             champion = r
+    seeded = decide.seeded(rows)
     for e in found.values():
-        if e.config in means and e.parent in means:
-            e.effect = means[e.config] - means[e.parent]
+        if e.config in means and e.parent in means and e.config != e.parent:
+            # on paired seeds a plain difference of means carries the seeds' effects (every one-run experiment
+            # ran on the champion's first seed): the comparison the rule made takes them out where it can
+            comparison = decide.compare(seeded, e.config, e.parent)
+            e.effect = -comparison.diff if comparison else means[e.config] - means[e.parent]
     return list(found.values())
 
 
@@ -198,11 +196,11 @@ class Proposer:
         self.rng = random.Random(self.seed + len(rows) + len(running))
         past = history(rows)
         # every train.py the tag ran, a refused one included (a lasting refusal must not be proposed again)
-        tried = {r.config for r in rows if r.config} | {e.config for e in past} | {blob_of(s) for s in running}
+        tried = {r.config for r in rows if r.config} | {e.config for e in past} | {git.blob_of(s) for s in running}
         crashed = [(e.arm, e.params) for e in past if e.outcome == "crash" and e.arm]
         busy = {parse_move(d)[0] for d in in_flight} - {""}
         found = [m for m in moves(source, self.profile, self.seq_len)
-                 if blob_of(m.source) not in tried and m.arm not in busy
+                 if git.blob_of(m.source) not in tried and m.arm not in busy
                  and not any(arm == m.arm and _same_move(p, m.params) for arm, p in crashed)]
         if not found:
             raise RuntimeError("the built-in proposer has no untried move left from this train.py")

@@ -44,9 +44,10 @@ def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | N
     return best_row.val_bpb if best_row else None
 
 
-def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_before,
+def judge(rows, rule, series, champ_row, config_id, seed, val_bpb, best_before,
           cold: bool = False) -> tuple[str, dict]:
-    """The status of a finished run and the statistics its row carries (decide.py)."""
+    """The status of a finished run (configuration config_id, seed, val_bpb) and the statistics its row carries
+    (decide.py)."""
     values = decide.samples(rows)
     values[config_id] = values.get(config_id, []) + [val_bpb]
     mine = values[config_id]
@@ -60,7 +61,8 @@ def judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb, best_
         return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
     if config_id == champ_row.key:
         return "keep", dict(stats, decision="a repeat of the champion")
-    verdict = decide.decide(mine, champ_values, noise, cold=cold)
+    comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
+    verdict = decide.rule(len(mine), comparison, cold=cold)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
@@ -80,12 +82,11 @@ def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule
             "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
             else ""), **common)
     champ_row = decide.champion(rows)
-    champ_values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
     cold_after = max(decide.COLD_COMPILE * config["budget_s"], decide.COLD_COMPILE_S)  # a new shape's first run
     cold = (ex.result.get("compile_seconds") or 0) > cold_after
-    status, stats = judge(rows, rule, series, champ_row, champ_values, config_id, val_bpb,
+    status, stats = judge(rows, rule, series, champ_row, config_id, seed, val_bpb,
                           best_row.val_bpb if best_row else None, cold)
     test_bpb = ex.evaluation.get("test_bpb")
     flags = [decide.identical_flag(rows, config_id, val_bpb, seed)]

@@ -63,7 +63,10 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
-    seed = schedule.seed(rows, 0, rule, seed)
+    # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
+    # conversion and filters applied, as tags.config_of will see it)
+    planned = git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
+    seed = schedule.seed(rows, planned, [], rule, seed)
     where = dict(host=socket.gethostname(), device=tags.device_label(config))
 
     def refuse(reason: str) -> NoReturn:

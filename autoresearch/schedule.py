@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from autoresearch import decide
 
 BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
-FIRST_SEED = 42      # the public project's seed; under the stat rule every run of a tag gets its own after it
+FIRST_SEED = 42      # the public project's seed: every configuration's first run (seed(), paired seeds)
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,18 @@ def _repeat(series: decide.Series, run_no: int, resume: bool) -> Next:
                 series=series)
 
 
-def seed(rows, in_flight: int, rule: str, first: int = FIRST_SEED) -> int:
-    """The seed of the next run (the harness passes it as prepare.SEED_ENV, and refuses a result with another):
-    under the stat rule every run of a tag gets its own, so that repeats are independent samples; the naive rule
-    keeps the one seed, like the public project."""
-    return first + len(rows) + in_flight if rule == "stat" else first
+def seed(rows, config: str, in_flight: list[int], rule: str, first: int = FIRST_SEED) -> int:
+    """The seed of the next run of configuration `config` (the harness passes it as prepare.SEED_ENV, and refuses
+    a result with another). Under the stat rule: the lowest seed from `first` up that none of the configuration's
+    finished runs and none of its runs in flight (in_flight: their seeds) has. So a configuration's k-th run
+    gets first + k - 1, its runs never share a seed, and its k-th run meets the champion's k-th on the same seed,
+    so that shared seed effects cancel in the comparison (decide.compare); a run that ended with no result
+    (crashed, interrupted, refused) leaves its seed to the next. The naive rule keeps the one seed, like the
+    public project."""
+    if rule != "stat":
+        return first
+    taken = {r.seed for r in decide.finished(rows) if r.key == config} | set(in_flight)
+    return next(s for s in range(first, first + len(taken) + 1) if s not in taken)
 
 
 def repeat_number(rows, config: str, running: list[str]) -> int:

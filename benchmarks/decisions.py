@@ -5,8 +5,12 @@
 
 Everything runs in a scratch repository (this checkout's train.py and prepare.py, the harness from this
 checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` exactly as an agent calls it:
-- A/A: a tag whose baseline runs as usual, then --aa experiments that each only add a comment to train.py, a
-  change that cannot matter. Every keep is a false keep. The naive rule (one run, kept when below the best single
+- A/A: a tag whose baseline runs as usual, then --aa experiments that each make a change that cannot matter.
+  Every keep is a false keep. --aa-change init (the default) draws i random numbers right after
+  torch.manual_seed: the model starts from other weights of the same distribution (the data order is the
+  harness's seed), so the change is a fresh sample of the same quality, as a real change's run is on the
+  champion's seed (schedule.seed pairs them). --aa-change comment only adds a comment: with paired seeds that is
+  the same computation as the champion's, which any rule should find trivially. The naive rule (one run, kept when below the best single
   run) is measured twice: replayed on the first runs of the same experiments, and run for real (--naive N, a
   tag with `--decision naive`).
 - Planted gain: a base with one constant detuned (--detune, default UNEMBEDDING_LR=0.001: the cpu default
@@ -93,15 +97,27 @@ def experiment_record(kind: str, rule: str, rows_after: list, rows_before: int) 
             "p_better": last.p_better, "mean": last.mean, "description": last.description}
 
 
-def aa(tmp: Path, env: dict, n: int, rule: str, out) -> None:
+SEED_LINE = "    torch.manual_seed(seed)\n"
+
+
+def aa_change(source: str, i: int, kind: str) -> str:
+    """train.py with the i-th change that cannot matter (see --aa-change)."""
+    if kind == "comment":
+        return source + f"# A/A change {i}: a comment, which cannot matter\n"
+    if SEED_LINE not in source:
+        raise SystemExit(f"train.py has no line {SEED_LINE.strip()!r} to draw after: use --aa-change comment")
+    return source.replace(SEED_LINE, SEED_LINE + f"    torch.rand({i})  # A/A change {i}: other initial weights, "
+                          "same distribution\n", 1)
+
+
+def aa(tmp: Path, env: dict, n: int, rule: str, out, change: str = "init") -> None:
     repo = scratch(tmp, f"aa-{rule}", detune=None)
     tag = f"aa-{rule}"
     cli(repo, env, "setup", "--tag", tag)
     cli(repo, env, "run", "-m", "baseline", "--decision", rule)
     emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, tag), 0))
     for i in range(1, n + 1):
-        with open(repo / "train.py", "a") as f:
-            f.write(f"# A/A change {i}: a comment, which cannot matter\n")
+        (repo / "train.py").write_text(aa_change((repo / "train.py").read_text(), i, change))
         before = len(tag_rows(repo, tag))
         cli(repo, env, "run", "-m", f"A/A {i}", "--decision", rule)
         emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before))
@@ -193,6 +209,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="10", help="seconds of training per run (AUTORESEARCH_TIME_BUDGET)")
     parser.add_argument("--aa", type=int, default=20, help="A/A experiments under the stat rule")
+    parser.add_argument("--aa-change", choices=("init", "comment"), default="init",
+                        help="what each A/A experiment changes (see above)")
     parser.add_argument("--naive", type=int, default=0, help="A/A experiments under the naive rule, run for real")
     parser.add_argument("--tries", type=int, default=10, help="planted-gain tries")
     parser.add_argument("--gain-seeds", type=int, default=3, help="runs of each side to measure the planted gain")
@@ -211,11 +229,11 @@ def main() -> None:
     start = time.time()
     try:
         if args.aa:
-            aa(tmp, env, args.aa, "stat", out)
+            aa(tmp, env, args.aa, "stat", out, args.aa_change)
         if args.tries:
             planted(tmp, env, args.tries, args.gain_seeds, args.detune, out)
         if args.naive:
-            aa(tmp, env, args.naive, "naive", out)
+            aa(tmp, env, args.naive, "naive", out, args.aa_change)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

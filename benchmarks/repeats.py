@@ -10,6 +10,7 @@
 
     python benchmarks/repeats.py --budget 60 --seeds 6
     python benchmarks/repeats.py --budget 20 --seeds 6 --change "WARMDOWN_RATIO=0.6"
+    python benchmarks/repeats.py --budget 10 --seeds 8 --change init   # what a redrawn initialisation shares
 
 torch.compile is off, as in benchmarks/research.py. Results are appended as JSON lines to --out (default
 benchmarks/results/repeats-<date>.jsonl).
@@ -26,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from decisions import aa_change
 from research import ROOT, default_source, measure
 
 import prepare  # noqa: E402
@@ -58,7 +60,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=60, help="training seconds per run (default 60)")
     parser.add_argument("--seeds", type=int, default=6, help="runs per configuration (default 6)")
-    parser.add_argument("--change", default="MATRIX_LR=0.05", help="B: A (the default) with this constant set")
+    parser.add_argument("--change", default="MATRIX_LR=0.05",
+                        help="B: A (the default) with this constant set, or `init`: other initial weights of the same "
+                             "distribution, the same data order (benchmarks/decisions.py's A/A change)")
     parser.add_argument("--out", help="JSON lines file (default benchmarks/results/repeats-<date>.jsonl)")
     args = parser.parse_args()
     name, _, value = args.change.partition("=")
@@ -70,7 +74,8 @@ def main() -> int:
     print(f"{machine.describe(hw)}; budget {args.budget:g} s, seeds {seeds}; A: the default, B: {args.change}; "
           f"work in {work}", flush=True)
     a_source = default_source(False)
-    b_source = set_constants(a_source, {name: ast.literal_eval(value)}, "cpu")
+    b_source = (aa_change(a_source, 1, "init") if args.change == "init"
+                else set_constants(a_source, {name: ast.literal_eval(value)}, "cpu"))
     t0 = time.time()
     # interleaved, A then B per seed, so that a drift of the machine's speed hits both alike
     a, b = [], []

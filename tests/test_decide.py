@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from autoresearch.decide import Noise, decide, p_better, pooled_noise, sem
+from autoresearch import decide as decide_module
+from autoresearch.decide import Noise, decide, p_better, pooled_noise, rule, sem
 
 
 def test_pooled_noise_by_hand():
@@ -80,6 +81,90 @@ def test_a_small_real_gain_is_kept_once_the_repeats_make_it_sure():
 def test_no_noise_estimate_means_another_run():
     assert decide([1.0], [1.1], None).status == "confirm"
     assert decide([1.0] * 4, [1.1], None).status == "discard"
+
+
+# --- paired seeds: shared seed effects taken out of the comparison ------------------------------------------
+
+SEED = {42: 0.030, 43: -0.020, 44: 0.010, 45: -0.015}  # what each seed does to every configuration
+
+
+def _runs(config, mean, seeds, own=()):
+    """(configuration, seed, val_bpb): the configuration's mean plus the seed's shared effect plus its own bit."""
+    own = list(own) or [0.0] * len(seeds)
+    return [(config, s, mean + SEED[s] + e) for s, e in zip(seeds, own)]
+
+
+def test_the_noise_no_seed_explains_by_hand():
+    # a 2 x 2 table: the two-way fit leaves +-I/4 in each cell, I = y11 - y12 - y21 + y22, so sigma = |I| / 2
+    runs = [("a", 42, 1.00), ("a", 43, 1.10), ("b", 42, 2.00), ("b", 43, 2.14)]
+    residual = decide_module.seed_free_noise(runs)
+    assert residual.df == 1 and residual.sigma == pytest.approx(0.04 / 2)
+    assert decide_module.seed_free_noise([("a", 42, 1.0), ("a", 43, 1.1)]) is None  # every run fitted exactly
+    assert decide_module.seed_free_noise([]) is None
+
+
+def test_on_the_same_seeds_the_difference_is_the_difference_of_means_with_only_the_seed_free_noise():
+    """A complete block (both configurations on seeds 42-44): the seed effects cancel exactly, so the standard
+    error is the residual sigma times sqrt(2/3), however large the seed effects are."""
+    own = iter([0.002, -0.001, -0.001, 0.001, 0.0, -0.002, 0.003, -0.002, -0.001, -0.002, 0.001, 0.0, 0.002, -0.002])
+    runs = (_runs("champ", 2.0, [42, 43, 44], [next(own) for _ in range(3)])
+            + _runs("cand", 1.99, [42, 43, 44], [next(own) for _ in range(3)])
+            + _runs("x", 2.1, [42, 43, 44, 45], [next(own) for _ in range(4)])
+            + _runs("y", 2.2, [42, 43, 44, 45], [next(own) for _ in range(4)]))
+    c = decide_module.compare(runs, "cand", "champ")
+    residual = decide_module.seed_free_noise(runs)
+    assert c.paired and c.df == residual.df == 14 - (4 + 4 - 1)
+    mean = lambda cfg: sum(v for k, _, v in runs if k == cfg) / 3
+    assert c.diff == pytest.approx(mean("champ") - mean("cand"))
+    assert c.se == pytest.approx(residual.sigma * math.sqrt(2 / 3))
+    # unpaired, the seeds' 0.02 spread swamps a 0.01 gain; paired, it is certain
+    noise = pooled_noise({k: [v for c2, _, v in runs if c2 == k] for k in ("champ", "cand", "x", "y")})
+    assert p_better([v for k, _, v in runs if k == "cand"], [v for k, _, v in runs if k == "champ"], noise) < 0.9
+    assert c.p > 0.999
+    verdict = rule(3, c)
+    assert verdict.status == "keep" and "(paired)" in verdict.reason
+
+
+def test_a_candidate_short_of_the_champions_seeds_is_still_paired_on_those_it_shares():
+    """Two runs (seeds 42, 43) against a champion of three (42-44): generalised least squares weighs the shared
+    seeds; a 0.01 gain is kept after two runs, which unpaired could not."""
+    runs = (_runs("champ", 2.0, [42, 43, 44], [0.001, -0.001, 0.0]) + _runs("cand", 1.99, [42, 43], [0.002, 0.0])
+            + _runs("x", 2.1, [42, 43, 44, 45], [0.001, -0.002, 0.0, 0.001]))
+    c = decide_module.compare(runs, "cand", "champ")
+    assert c.paired and c.df == decide_module.seed_free_noise(runs).df and rule(2, c).status == "keep"
+    values = {k: [v for c2, _, v in runs if c2 == k] for k in ("champ", "cand", "x")}
+    assert decide(values["cand"], values["champ"], pooled_noise(values)).status != "keep"
+
+
+def test_a_candidate_that_does_not_share_the_seed_effects_is_judged_on_its_own_differences():
+    """A change that redraws the seed's random numbers (new shapes, another initialisation) does not move with
+    the seeds as the tag's configurations do: its differences from the champion on their common seeds, not the
+    tag's small seed-free noise, say how sure the comparison is (with their one degree of freedom). A 0.01 gain
+    seen through 0.014 of noise of its own is not kept on two runs."""
+    runs = (_runs("champ", 2.0, [42, 43, 44], [0.001, -0.001, 0.0])
+            + _runs("x", 2.1, [42, 43, 44, 45], [0.001, -0.002, 0.0, 0.001])
+            + [("cand", 42, 2.007), ("cand", 43, 1.983)])  # 0.01 better, then -0.014 and +0.014 of its own
+    c = decide_module.compare(runs, "cand", "champ")
+    tag_only = decide_module.seed_free_noise(runs)
+    assert c.paired and c.df == 1 and c.se > tag_only.sigma * math.sqrt(1 / 2 + 1 / 3)
+    assert rule(2, c).status != "keep"
+
+
+def test_no_shared_seed_effect_or_too_few_degrees_of_freedom_fall_back_to_the_unpaired_comparison():
+    rng = __import__("random").Random(1)
+    # independent noise: the seeds explain nothing, the residual is no smaller than the pooled noise
+    flat = [(c, s, 2.0 + rng.gauss(0, 0.01)) for c in "abcd" for s in (42, 43, 44)]
+    c = decide_module.compare(flat, "b", "a")
+    values = {k: [v for c2, _, v in flat if c2 == k] for k in "abcd"}
+    assert decide_module.seed_free_noise(flat).sigma >= pooled_noise(values).sigma
+    assert not c.paired and c.p == pytest.approx(p_better(values["b"], values["a"], pooled_noise(values)))
+    # a young tag: the baseline's three runs and a candidate's two leave one residual degree of freedom
+    young = _runs("champ", 2.0, [42, 43, 44], [0.001, -0.001, 0.0]) + _runs("cand", 1.99, [42, 43], [0.0, 0.001])
+    assert not decide_module.compare(young, "cand", "champ").paired
+    # every run of a tag on its own seed (ledgers from before pairing): nothing to pair on
+    own_seeds = [(c, 100 + i, v) for i, (c, _, v) in enumerate(flat)]
+    assert not decide_module.compare(own_seeds, "b", "a").paired
+    assert decide_module.compare([("a", 42, 1.0), ("b", 42, 1.1)], "b", "a") is None
 
 
 # --- the series state, read back from ledger rows -----------------------------------------------------------

@@ -59,7 +59,9 @@ def test_sigkill_in_the_middle_of_a_confirmation_series_resumes_with_no_run_lost
     assert [r.n for r in series] == list(range(1, len(series) + 1))  # the killed run is not counted
     assert all(r.status == "confirm" for r in series[:-1]) and series[-1].status in ("keep", "discard")
     assert len({r.run_id for r in rows(repo)}) == len(rows(repo))
-    assert len({r.seed for r in after}) == len(after)  # every run its own seed, the killed one included
+    # paired seeds: the series' k-th run on seed 42 + k - 1, the champion's k-th; the killed run's retry reuses it
+    assert [r.seed for r in series] == [42 + k for k in range(len(series))]
+    assert after[1].seed == series[1].seed
     assert all("[run " in r.description for r in series[1:])
     assert head(repo) == (candidate if series[-1].status == "keep" else base)
     assert not (repo / ".autoresearch" / "pending.json").exists()

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from autoresearch import decide, ideas, ledger, proposer, record, tags
+from autoresearch import decide, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
 from conftest import sh
 
@@ -34,7 +34,7 @@ def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None
         ledger.append(repo / "results.tsv", record.make_row(
             config, head, description + (f"{decide.REPEAT_MARK}{i + 1}]" if i else "") + note.get(status, ""),
             f"r{head[:6]}{i}", status,
-            val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=proposer.blob_of(source)))
+            val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=git.blob_of(source)))
     if status != "keep":
         sh(repo, "git", "reset", "-q", "--hard", back_to or "HEAD~1")
 
@@ -69,12 +69,12 @@ def test_planted_regressions_are_undone_first_then_a_kept_step_is_taken_again(re
 def test_no_train_py_twice_no_crashed_variant_again_and_parallel_proposals_differ(repo, tag):
     source = (repo / "train.py").read_text()
     run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
-    seen = {proposer.blob_of(source)}
+    seen = {git.blob_of(source)}
     crashed = None
     for i in range(15):
         new, description = researcher(repo, seed=i).propose_source(source)
-        assert proposer.blob_of(new) not in seen, description
-        seen.add(proposer.blob_of(new))
+        assert git.blob_of(new) not in seen, description
+        seen.add(git.blob_of(new))
         status = "crash" if crashed is None and description.startswith("idea ") else "discard"
         if status == "crash":
             crashed = description
@@ -152,7 +152,7 @@ def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
                                                           ("tune MATRIX_LR", "keep", 2)]
     assert past[1].params == {"act": "relu"} and past[1].effect == pytest.approx(0.2)
     assert past[2].params == {"MATRIX_LR": 0.08, "from": 0.04} and past[2].effect == pytest.approx(-0.1)
-    assert past[2].parent == past[0].config == proposer.blob_of(source)
+    assert past[2].parent == past[0].config == git.blob_of(source)
 
 
 def test_the_agent_s_prompt_and_autoresearch_ideas_show_what_was_tried_and_what_the_catalog_offers(repo, tag, env):

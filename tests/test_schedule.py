@@ -6,6 +6,7 @@ workers' clones) except for the training: execute.execute is replaced by a deter
 a function of train.py and the seed, and Ray by an in-process stand-in that runs each actor call at once."""
 
 import argparse
+import dataclasses
 import re
 import sys
 from types import SimpleNamespace
@@ -15,9 +16,9 @@ from autoresearch import decide, execute, ledger, loop, record, schedule, state,
 from autoresearch.ledger import Row
 
 
-def row(status, config, description, decision="", val=0.0, commit="c0ffee0"):
+def row(status, config, description, decision="", val=0.0, commit="c0ffee0", seed=0):
     return Row(commit=commit, val_bpb=val, memory_gb=0.0, status=status, description=description, tag="t",
-               run_id=f"r{description}", time="", budget_s=2, steps=0, wall_s=0.0, fingerprint="f", seed=0,
+               run_id=f"r{description}", time="", budget_s=2, steps=0, wall_s=0.0, fingerprint="f", seed=seed,
                config=config, decision=decision)
 
 
@@ -83,9 +84,26 @@ def test_three_baseline_crashes_stop_the_loop_only_when_it_would_try_again():
     assert schedule.next_run(crashed, [], "stat", False, "base").kind == "wait"  # the limit came first: exit 0
 
 
-def test_seeds_and_repeat_numbers_count_the_runs_in_flight():
-    assert schedule.seed(FULL_BASE, 0, "stat") == 45 and schedule.seed(FULL_BASE, 2, "stat") == 47
-    assert schedule.seed(FULL_BASE, 2, "naive") == 42
+def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_in_flight():
+    """Paired seeds: run k of any configuration uses seed 42 + k - 1, so a candidate's runs meet the champion's
+    on the same seeds; a run with no result (crash, interruption, refusal) leaves its seed to the next, and two
+    runs of one configuration never share a seed, in whatever order the parallel driver's runs end."""
+    seeded = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BASE)]
+    assert schedule.seed(seeded, "base", [], "stat") == 45
+    assert schedule.seed(seeded, "base", [45, 46], "stat") == 47
+    assert schedule.seed(seeded, "cand", [], "stat") == 42 and schedule.seed(seeded, "cand", [42], "stat") == 43
+    confirming = seeded + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, seed=42)]
+    assert schedule.seed(confirming, "cand", [], "stat") == 43
+    killed = confirming + [row("crash", "cand", "lr up [run 2] [interrupted: x]", "interrupted", seed=43),
+                           row("refused", "cand", "lr up [run 2] [refused: y]", seed=43)]
+    assert schedule.seed(killed, "cand", [], "stat") == 43
+    # the baseline's three runs went out side by side; the one on 42 was lost, 43 and 44 finished: its retry
+    # takes 42 (not 44, which would pair a run with itself)
+    out_of_order = [row("crash", "base", "baseline [interrupted: worker died]", "interrupted", seed=42),
+                    row("keep", "base", "baseline [run 2]", "baseline 1/3", 1.0, seed=43),
+                    row("keep", "base", "baseline [run 3]", "baseline 2/3", 1.0, seed=44)]
+    assert schedule.seed(out_of_order, "base", [], "stat") == 42
+    assert schedule.seed(seeded, "base", [], "naive") == 42
     assert schedule.repeat_number(FULL_BASE, "base", ["base"]) == 5
 
 
@@ -97,15 +115,20 @@ LRS = [0.02, 0.5, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (th
 def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
     """val_bpb as a function of train.py's MATRIX_LR and the seed: best at 0.03, noise of a few thousandths. Its
     step lines' loss too, and the loop's prune check sees them as a real training's (elapsed 0, 1, 2 s of the
-    2 s budget): MATRIX_LR 0.5 is pruned at 1 s. The very first run of the night (seed 42+1: one interrupted row
-    precedes it) crashes."""
+    2 s budget): MATRIX_LR 0.5 is pruned at 1 s. The very first run of the night crashes (after one interrupted
+    row: the baseline's retry gets the same seed). Every seed moves all configurations alike (0.003 a step) and
+    each a little on its own (0.001): what paired seeds take out, and what they cannot."""
+    import os
+    from pathlib import Path
     import prepare
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
     log = run_dir / state.RUN_LOG
     log.write_text(f"trained with MATRIX_LR={lr} seed={seed}\n")
     training = supervise.Training(0, False, 1.0, 1.0, done_after=2.5, cpu_at_done=2.0)
-    if seed == 43:
+    crashed = Path(os.environ["CRASH_ONCE"])
+    if not crashed.exists():
+        crashed.write_text("")
         return execute.Execution("crash", "exit status 1", None, {}, supervise.Training(1, False, None, 1.0))
     noise = (seed * 7919) % 5 - 2
     for step, elapsed in enumerate((0, 1, 2), 1):
@@ -115,7 +138,7 @@ def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
             f.write(line + "\n")
         if prune is not None and (why := prune(float(elapsed), line)):
             return execute.Execution("pruned", why, None, {}, supervise.Training(None, False, None, 1.0, pruned=why))
-    val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * noise
+    val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * noise + 0.001 * ((seed * 31 + round(lr * 1000)) % 3 - 1)
     result = {"memory_gb": 0.1, "num_steps": 10, "compile_seconds": 0.1, "tokens_per_second": 1.0}
     return execute.Execution("ok", "", result, {"val_bpb": val, "test_bpb": val + 0.01}, training)
 
@@ -176,6 +199,7 @@ def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
     monkeypatch.chdir(repo)
     monkeypatch.setattr(execute, "execute", fake_execute)
     monkeypatch.setenv("LR_COUNTER", str(tmp_path / f"counter-{parallel}"))
+    monkeypatch.setenv("CRASH_ONCE", str(tmp_path / f"crashed-{parallel}"))
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT.format(lrs=LRS, k=len(LRS)))
     config = tags.setup(repo, "night", sandbox_mode="off")
@@ -219,6 +243,9 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     # the hopeless proposal is stopped early in both loops (the driver ships the champion's curves to its worker),
     # and nothing else is
     assert [r.description for r in sequential if r.status == "pruned"] == ["MATRIX_LR 0.5"], statuses
+    # paired seeds: every configuration's k-th run on seed 42 + k - 1; the crashed baseline's retry reuses 42
+    assert [r.seed for r in sequential[1:5]] == [42, 42, 43, 44]
+    assert all(r.seed == 42 + r.repeat - 1 for r in sequential[5:]), [(r.seed, r.repeat) for r in sequential]
 
 
 # --- the package's shape ----------------------------------------------------------------------------------------
