@@ -13,8 +13,9 @@ between runs of one configuration, pooled over every configuration with repeats;
 
 with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
 repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
-nothing is pruned. Only a candidate's first run is: a candidate the rule sent to confirmation is promising, and
-a run near its budget's end has nothing left to save.
+nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning). Only a
+candidate's first run is: a candidate the rule sent to confirmation is promising, and a run near its budget's
+end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
 benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
 A step line is train.py's own word; a train.py that prints a loss lower than its own only escapes pruning (its
@@ -38,6 +39,10 @@ Z = 5.0               # margin in noise sigmas: no-op repeats reached at most 3.
                       # (benchmarks/repeats.py, 12 runs at 30 s, BENCHMARKS.md); a hopeless run is dozens away
 MIN_GAP = 0.02        # nats: below this, never worth a verdict
 MIN_DF = 2            # degrees of freedom of the pooled noise before any run is pruned
+MIN_STEP = 10         # no verdict on a run's first steps: they measure its initialisation and the first updates'
+                      # overshoot, not learning. An A/A change that redrew the initial weights was pruned at step 2
+                      # of a 10 s budget (compilation took the first half): 8.362 against the champion's 8.318
+                      # there, whose three runs were all still at their (equal) initial loss
 
 
 def enabled() -> bool:
@@ -89,10 +94,11 @@ class Reference:
         return (math.sqrt(ss / df), df) if df else None
 
     def check(self, elapsed: float | None, line: str | None) -> str | None:
-        """verdict() for the newest step line of a run in flight (supervise.run_training's prune)."""
-        m = re.search(r"\bloss=(\S+)", line or "")
+        """verdict() for the newest step line of a run in flight (supervise.run_training's prune), from its
+        MIN_STEP-th step on."""
+        m = re.search(r"\bstep=\s*(\d+)\b.*\bloss=(\S+)", line or "")
         try:
-            return self.verdict(elapsed, float(m.group(1))) if m else None
+            return self.verdict(elapsed, float(m.group(2))) if m and int(m.group(1)) >= MIN_STEP else None
         except ValueError:
             return None
 

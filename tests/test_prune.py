@@ -56,6 +56,17 @@ def test_curves_are_read_from_the_step_lines_and_interpolated():
     assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
 
 
+def test_no_verdict_on_a_run_s_first_steps():
+    """Early lines measure the initialisation, whose loss every seed of the champion shares to 1e-4 (a zero-
+    initialised head: ln(vocab)); a change that redraws the initial weights overshot it by 0.04 at step 2, and
+    was pruned as hopeless on the first look of a 10 s budget whose first half went to compilation."""
+    plateau = [[(5.0, 8.3180 + d), (9.0, 8.3180 + d)] for d in (0.0, 0.0001, -0.0001)]
+    ref = prune.Reference(10.0, plateau, [plateau])
+    line = "step=     2 | loss=8.3619 | tok/s=1 | mfu=1.0% | elapsed=5s | epoch=1"
+    assert ref.check(5, line) is None
+    assert ref.check(5, line.replace("step=     2", f"step={prune.MIN_STEP:6d}"))  # the same loss, later: judged
+
+
 def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
     """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
     P 0.948); the baseline's and naive runs have no champion curve to trail. Both loops ask run.pruning: the
