@@ -56,6 +56,11 @@ MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed
 RULES = ("stat", "naive")
 
 
+def cold_after(budget_s: float) -> float:
+    """Seconds of a first step (compilation included) beyond which a run paid a cold compile (COLD_COMPILE)."""
+    return max(COLD_COMPILE * budget_s, COLD_COMPILE_S)
+
+
 @dataclass(frozen=True)
 class Noise:
     sigma: float  # the pooled standard deviation of one run's val_bpb

@@ -84,8 +84,7 @@ def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule
     champ_row = decide.champion(rows)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
-    cold_after = max(decide.COLD_COMPILE * config["budget_s"], decide.COLD_COMPILE_S)  # a new shape's first run
-    cold = (ex.result.get("compile_seconds") or 0) > cold_after
+    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config["budget_s"])  # a new shape's first run
     status, stats = judge(rows, rule, series, champ_row, config_id, seed, val_bpb,
                           best_row.val_bpb if best_row else None, cold)
     test_bpb = ex.evaluation.get("test_bpb")
