@@ -16,7 +16,7 @@ checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` ex
 - Planted gain: a base with one constant detuned (--detune, default UNEMBEDDING_LR=0.001: the cpu default
   0.004, 4x too small). First the gain is measured (3 runs of each, by hand); then each of --tries tries is a
   fresh tag on the detuned base (its baseline: 3 runs) and the fix (the default value back) as the candidate,
-  with its own seeds. The fix should be kept.
+  on the try's seeds (its k-th run on its baseline's k-th: paired). The fix should be kept.
 Each experiment is a JSON line (--out); the report gives false keeps, kept fixes and the runs each rule spent.
 Run it alone (2 cores): it trains all the time.
 """
