@@ -135,10 +135,12 @@ def seed_free_noise(runs: list[tuple[str, int, float]]) -> Noise | None:
     return Noise(math.sqrt(float(np.sum((y - x @ fit) ** 2)) / df), df)
 
 
-def compare(runs: list[tuple[str, int, float]], candidate: str, champion: str) -> Comparison | None:
+def compare(runs: list[tuple[str, int, float]], candidate: str, champion: str,
+            residual: Noise | None = None) -> Comparison | None:
     """The candidate's configuration against the champion's, from (configuration, seed, val_bpb) of every
     finished run of the tag: paired on seeds when the tag shows shared seed effects (see the top), else
-    unpaired; None without a noise estimate."""
+    unpaired; None without a noise estimate. residual: seed_free_noise(runs), for a caller comparing many pairs
+    on the same runs."""
     if candidate == champion:
         raise ValueError("compare: the candidate is the champion's configuration (a repeat of the champion)")
     values: dict[str, list[float]] = {}
@@ -148,16 +150,17 @@ def compare(runs: list[tuple[str, int, float]], candidate: str, champion: str) -
     if noise is None:
         return None
     plain = unpaired(values[candidate], values[champion], noise)
-    residual = seed_free_noise(runs)
+    residual = residual or seed_free_noise(runs)
     if residual is None or residual.df < MIN_PAIRED_DF or residual.sigma == 0:
         return plain
     own, df = residual.sigma ** 2, residual.df
     # A change that redraws the seed's random numbers (new shapes, another initialisation) shares less of a
     # seed's effect with the champion than the tag's configurations do among themselves: the pair's own
     # differences on their common seeds, once there are two, bound the noise the pairing leaves from below
-    common = _by_seed(runs, candidate).keys() & _by_seed(runs, champion).keys()
+    mine_by_seed, champ_by_seed = _by_seed(runs, candidate), _by_seed(runs, champion)
+    common = mine_by_seed.keys() & champ_by_seed.keys()
     if len(common) >= 2:
-        diffs = [_by_seed(runs, candidate)[s] - _by_seed(runs, champion)[s] for s in common]
+        diffs = [mine_by_seed[s] - champ_by_seed[s] for s in common]
         if statistics.variance(diffs) / 2 > own:
             own, df = statistics.variance(diffs) / 2, len(common) - 1
     shared = noise.sigma ** 2 - own  # the variance of a seed's effect on both configurations

@@ -20,10 +20,10 @@ def git(repo: Path, *args: str, check: bool = True, strip: bool = True) -> str:
     return proc.stdout.strip() if strip else proc.stdout
 
 
-def blob_of(content: str | bytes) -> str:
+def blob_of(text: str) -> str:
     """A file's git blob hash before it is committed, 12 hex digits: for train.py, its configuration's name
     (ledger.Row.config, tags.config_of)."""
-    data = content.encode() if isinstance(content, str) else content
+    data = text.encode()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:12]
 
 

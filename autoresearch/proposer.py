@@ -88,11 +88,12 @@ def history(rows) -> list[Experiment]:
         if r.status == "keep":
             champion = r
     seeded = decide.seeded(rows)
+    residual = decide.seed_free_noise(seeded)  # once: the same fit for every experiment's comparison
     for e in found.values():
         if e.config in means and e.parent in means and e.config != e.parent:
             # on paired seeds a plain difference of means carries the seeds' effects (every one-run experiment
             # ran on the champion's first seed): the comparison the rule made takes them out where it can
-            comparison = decide.compare(seeded, e.config, e.parent)
+            comparison = decide.compare(seeded, e.config, e.parent, residual)
             e.effect = -comparison.diff if comparison else means[e.config] - means[e.parent]
     return list(found.values())
 

@@ -15,8 +15,8 @@ with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width
 repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
 nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning), nor a run whose
 first step line came after decide.cold_after (a cold compile, paid once: the next run of the same train.py
-compiles warm, and the decision rule gives it that run). Only a candidate's first run is: a candidate the rule sent to confirmation is promising, and a run near its budget's
-end has nothing left to save.
+compiles warm, and the decision rule gives it that run). Only a candidate's first run is: a candidate the rule
+sent to confirmation is promising, and a run near its budget's end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
 benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
 A step line is train.py's own word; a train.py that prints a loss lower than its own only escapes pruning (its
