@@ -4,11 +4,13 @@ An unchanged graph compiles in seconds from inductor's cache instead of 25-80 s 
 training writes and a later run reads carries whatever the training puts there (weights, say: three budgets of
 training in one run). So the cache has two layers:
 
-- a *base* per champion (configuration), filled only by a **compile phase**: the champion's train.py run by the
+- a *base* per champion (configuration) and what else changes the code inductor compiles for it (the threads per
+  run, the machine and torch: key()), filled only by a **compile phase**: the champion's train.py run by the
   harness in compile-only mode (prepare.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in
   a sandbox where the base is the only thing it may write and no token file exists. It sees no data, so nothing in
-  it can come from data. It runs outside any budget, once per champion (the baseline at its first run, then after
-  each keep), and the harness records that it did (`<base>.done`, beside the base, where the phase cannot write);
+  it can come from data. It runs outside any budget, once per base (the baseline at its first run, then after
+  each keep, and a tag with other threads per run its own), and the harness records that it did (`<base>.done`,
+  beside the base, where the phase cannot write); the run's log says which base it started from (note());
 - every run trains with a **private copy** of its tag's current base (run_dir/compile, `cp -a`: 0.06 s for the
   default's 155 MB), writable, deleted after the run: what a training writes there reaches no one.
 
@@ -21,6 +23,7 @@ compares the base before and after each run and throws it away when it changed (
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -30,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch import sandbox
+from autoresearch import machine, sandbox, tags
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
                       # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
@@ -42,16 +45,43 @@ def root(cache: Path) -> Path:
     return cache.parent / f"{cache.name}-compile"
 
 
-def base_dir(cache: Path, config_id: str) -> Path:
-    return root(cache) / config_id
+def key(config_id: str, config: dict) -> str:
+    """A base's name: the configuration, and what else the harness controls that changes the code inductor
+    compiles for it. What inductor's own cache keys hold (torch 2.13, _inductor/codecache.py): the FX graph's
+    key has parallel_num_threads(), i.e. torch.get_num_threads(), which CPU C++ kernels specialize on (set by the
+    harness: OMP_NUM_THREADS = the tag's threads per run), the torch version, the GPU's name and CUDA version
+    (CacheBase.get_system) and the default dtype; a C++ kernel's key has the compile command with the CPU's
+    vector ISA (pick_vec_isa; machine.hardware's CPU name carries it). train.py's matmul dtype follows the device
+    and the tag's peak FLOP/s (prepare.pick_dtype), measured per machine, threads and torch (tags.machine_peaks).
+    So: the device and threads in clear, the device's name and torch hashed. Keyed by configuration alone, a
+    base filled at 2 threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside
+    its budget (issue 34)."""
+    hw = config.get("hardware") or machine.hardware()
+    machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch")]).encode()).hexdigest()
+    return f"{config_id}-{hw.get('device')}-t{tags.threads_per_run(config)}-{machine_id[:8]}"
 
 
-def ready(cache: Path, config_id: str) -> dict | None:
-    """The record of a finished compile phase for this configuration, None if it has not run."""
+def base_dir(cache: Path, name: str) -> Path:
+    return root(cache) / name
+
+
+def ready(cache: Path, name: str) -> dict | None:
+    """The record of a finished compile phase for this base (a key()), None if it has not run."""
     try:
-        return json.loads((root(cache) / f"{config_id}.done").read_text())
+        return json.loads((root(cache) / f"{name}.done").read_text())
     except (OSError, ValueError):
         return None
+
+
+def note(base: Path) -> str:
+    """The line the harness appends to a run's log (after the training's output): the base it started from."""
+    try:
+        done = json.loads((base.parent / f"{base.name}.done").read_text())
+    except (OSError, ValueError):
+        done = {}
+    failed = "" if done.get("ok") else ", which failed: this run compiled cold"
+    return (f"compile cache: started from base {base.name} (its compile phase: {done.get('seconds')} s at "
+            f"{done.get('time')}{failed})")
 
 
 def phase_env(view: Path, base: Path, threads: int) -> dict:
@@ -63,22 +93,29 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
     return env
 
 
-def ensure_base(cache: Path, config_id: str, train_source: str, prepare_source: bytes, manifest: dict,
-                peaks: dict | None, protection: str, threads: int, log=print) -> Path:
-    """The base for runs whose champion is config_id, filled by a compile phase if it has none yet. One phase at a
-    time per base: parallel workers on one machine share the data cache, so they share its bases."""
-    base = base_dir(cache, config_id)
-    if ready(cache, config_id) is not None and base.is_dir():
-        return base
-    root(cache).mkdir(parents=True, exist_ok=True)
-    with open(root(cache) / f"{config_id}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if ready(cache, config_id) is not None and base.is_dir():  # another worker filled it meanwhile
+def ensure_base(cache: Path, config_id: str, config: dict, train_source: str, prepare_source: bytes, manifest: dict,
+                protection: str, log=print) -> Path:
+    """The base for the runs of tag `config` whose champion is config_id (named by key()), filled by a compile
+    phase if it has none yet. One phase at a time per base: parallel workers on one machine share the data cache,
+    so they share its bases."""
+    name = key(config_id, config)
+    base = base_dir(cache, name)
+    if ready(cache, name) is not None and base.is_dir():
+        try:
+            os.utime(base)  # last used now: prune() keeps the bases in use (two thread counts' champions, say)
             return base
-        return _fill(cache, config_id, base, train_source, prepare_source, manifest, peaks, protection, threads, log)
+        except OSError:  # deleted meanwhile (another base's prune, `clean`): filled again below
+            pass
+    root(cache).mkdir(parents=True, exist_ok=True)
+    with open(root(cache) / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
+            return base
+        return _fill(cache, name, base, train_source, prepare_source, manifest, config.get("peak_flops"), protection,
+                     tags.threads_per_run(config), log)
 
 
-def _fill(cache: Path, config_id: str, base: Path, train_source: str, prepare_source: bytes, manifest: dict,
+def _fill(cache: Path, name: str, base: Path, train_source: str, prepare_source: bytes, manifest: dict,
           peaks: dict | None, protection: str, threads: int, log) -> Path:
     shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
@@ -90,7 +127,7 @@ def _fill(cache: Path, config_id: str, base: Path, train_source: str, prepare_so
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, base)
-        log(f"compile phase for {config_id} (no data, outside the budget): filling the compile cache")
+        log(f"compile phase for base {name} (no data, outside the budget): filling the compile cache")
         t0 = time.time()
         try:
             proc = subprocess.run(argv, cwd=work, env=phase_env(view, base, threads), capture_output=True, text=True,
@@ -100,20 +137,21 @@ def _fill(cache: Path, config_id: str, base: Path, train_source: str, prepare_so
             ok, tail = False, f"timed out after {PHASE_TIMEOUT} s"
         seconds = time.time() - t0
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
-            log(f"compile phase for {config_id} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
+            log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record = {"seconds": round(seconds, 2), "ok": ok, "protection": protection,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = root(cache) / f"{config_id}.done.tmp"
+    tmp = root(cache) / f"{name}.done.tmp"
     tmp.write_text(json.dumps(record))
-    os.replace(tmp, root(cache) / f"{config_id}.done")
+    os.replace(tmp, root(cache) / f"{name}.done")
     prune(cache, keep=base)
     return base
 
 
 def prune(cache: Path, keep: Path) -> None:
-    """Delete all but the newest KEEP_BASES bases (and always keep `keep`)."""
+    """Delete all but the KEEP_BASES bases last used (ensure_base touches a base it hands out; an old-layout
+    base, named by the configuration alone, is never used again) and always keep `keep`."""
     bases = sorted((p for p in root(cache).iterdir() if p.is_dir() and (root(cache) / f"{p.name}.done").exists()),
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for old in bases[KEEP_BASES:]:
@@ -143,7 +181,7 @@ def state(base: Path) -> dict:
     return out
 
 
-def discard(cache: Path, config_id: str) -> None:
+def discard(cache: Path, name: str) -> None:
     """Forget a base (a run without a sandbox changed it): the next run fills a new one."""
-    (root(cache) / f"{config_id}.done").unlink(missing_ok=True)
-    shutil.rmtree(base_dir(cache, config_id), ignore_errors=True)
+    (root(cache) / f"{name}.done").unlink(missing_ok=True)
+    shutil.rmtree(base_dir(cache, name), ignore_errors=True)

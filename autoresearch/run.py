@@ -110,6 +110,8 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
                          on_progress=on_progress, test_threshold=record.test_threshold(rows, config, rule),
                          run_no=series.runs + 1 if series else 1, compile_base=base,
                          prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None))
+    if base is not None:
+        record.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
                             config_id, repeat, **where)
     record.record(repo, row, run_dir)
@@ -176,15 +178,15 @@ def run_series(repo: Path, description: str, rule: str | None = None, seed: int 
 
 def compile_base(repo: Path, config: dict, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
                  log=print) -> Path | None:
-    """The compile cache this tag's next run starts from: the champion's base, filled by a compile phase the
-    first time (compiled.py); None when the tag was set up with AUTORESEARCH_COMPILE_CACHE=off."""
+    """The compile cache this tag's next run starts from: the champion's base for this tag's threads per run
+    (compiled.key), filled by a compile phase the first time; None when the tag was set up with
+    AUTORESEARCH_COMPILE_CACHE=off."""
     if config.get("compile_cache", "champion") == "off":
         return None
     champion = tags.last_kept_commit(repo, config, rows)
     source = git.git(repo, "show", f"{champion}:{EDITABLE}", strip=False)
-    return compiled.ensure_base(fixed_half.cache, tags.config_of(repo, champion), source, fixed_half.source,
-                                fixed_half.manifest, config.get("peak_flops"), protection, tags.threads_per_run(config),
-                                log)
+    return compiled.ensure_base(fixed_half.cache, tags.config_of(repo, champion), config, source, fixed_half.source,
+                                fixed_half.manifest, protection, log)
 
 
 def crash_hint(commit: str) -> str:

@@ -160,9 +160,8 @@ class Worker:
         state.atomic_json(pending_path, pending)
         base = None
         if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
-            base = compiled.ensure_base(self.fixed.cache, job["champion"], job["champion_source"], self.fixed.source,
-                                        self.fixed.manifest, self.config.get("peak_flops"), self.protection,
-                                        self.threads, log=lambda *a: None)
+            base = compiled.ensure_base(self.fixed.cache, job["champion"], self.config, job["champion_source"],
+                                        self.fixed.source, self.fixed.manifest, self.protection, log=lambda *a: None)
         started = time.time()
         ex = execute.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
                          self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
@@ -172,6 +171,8 @@ class Worker:
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
         log_path = run_dir / state.RUN_LOG
+        if base is not None:
+            record.append_line(log_path, compiled.note(base))
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         pending_path.unlink(missing_ok=True)
         return dict(where, status=ex.status, reason=ex.reason, result=ex.result, evaluation=ex.evaluation,
