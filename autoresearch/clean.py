@@ -3,14 +3,17 @@
 Never deleted: the record (results.tsv, the tag files), every run's log and evaluation, and each tag's champion
 model (the newest kept run of its champion configuration). What can go is rebuilt when needed or was superseded:
 - exported models of kept runs that are no longer their tag's champion;
-- compile-cache bases (<cache>-compile) that are no tag's champion here, each deleted under its own lock (the
-  next run of a tag whose champion's base is gone fills it again: one compile phase; the cache is shared by
-  every clone that uses the same data cache, so another clone's champion may have to refill its base).
+- compile-cache bases (<cache>-compile) that are no tag's champion here (a base is named by compiled.key: the
+  champion's configuration, the tag's threads per run and machine), each deleted under its own lock (the next
+  run of a tag whose champion's base is gone fills it again: one compile phase; the cache is shared by every
+  clone that uses the same data cache, so another clone's champion may have to refill its base), and the bases
+  of the old layout (named by the configuration alone), which no run uses any more.
 The Ray working copies (<cache>-workers) are left alone: a parallel tag's kept models live there.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +45,10 @@ def plan(repo: Path) -> list[Item]:
         champ = decide.champion(mine)
         if champ is not None:
             key = champ.key
-            keep_bases.add(key)
+            try:  # the base its runs start from depends on the tag's threads per run and machine too
+                keep_bases.add(compiled.key(key, json.loads(state.tag_file(repo, tag).read_text())))
+            except (OSError, ValueError):
+                pass  # no tag file (a results.tsv copied in): its champion's base, if any, is refilled when needed
             keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
     items = []
     for r in rows:
@@ -56,7 +62,10 @@ def plan(repo: Path) -> list[Item]:
     bases = compiled.root(cache)
     if bases.is_dir():
         for base in sorted(p for p in bases.iterdir() if p.is_dir()):
-            if base.name not in keep_bases:
+            if "-" not in base.name:  # compiled.key always holds a "-", a configuration (git blob) never
+                items.append(Item(base, _size(base), "compile-cache base of the old layout (keyed by the "
+                                                     "configuration alone): no run uses it"))
+            elif base.name not in keep_bases:
                 items.append(Item(base, _size(base), "compile-cache base of no tag's champion here (refilled by "
                                                      "one compile phase if needed)"))
     return items
