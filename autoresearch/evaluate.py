@@ -3,17 +3,15 @@
 It runs in a fresh process that never imports train.py: `python -I -B evaluate.py`, with a clean copy of
 prepare.py taken from git into a new private directory (so no edited file and no forged bytecode can stand in
 for it). It loads the exported graph (JSON) and its tensors (safetensors) with no
-pickle and no code from the run, allows only ATen operators and no state mutation, checks that the model is
-causal (later tokens never change earlier logits), checks that it reproduces train.py's own score on the fixed
-check rows, and then scores the validation rows, and the test rows when asked. It prints one JSON object.
+pickle and no code from the run, allows only ATen operators and no state mutation, checks that it reproduces
+train.py's own score on the fixed check rows, scores the validation rows, and checks that the model is causal
+(later tokens never change an earlier position's scored log-probability), deeper for a run that may be kept,
+whose test rows it also scores. It prints one JSON object.
 
-This file is both the script and the harness's way to call it (Evaluator, run_evaluation); it imports nothing
-of the autoresearch package, so it runs the same from any directory.
-
-The harness starts the evaluator before the training (Evaluator): it imports torch and torch.export (~2.7 s on
-2 CPU cores) while train.py starts, at the lowest priority, then sleeps on its stdin until the harness hands it the
-finished run's arguments. Those seconds leave the time outside the budget (BENCHMARKS.md). The training
-cannot reach it: it is the harness's child, not the training's, and reads nothing before the training ended.
+This file is both the script and the harness's way to call it (run_evaluation); it imports nothing of the
+autoresearch package, so it runs the same from any directory. The harness starts it only after the training's
+whole process tree has ended, with its arguments on its command line: nothing the training could reach feeds
+it (docs/integrity.md, the threat model).
 """
 
 from __future__ import annotations
@@ -28,21 +26,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 # How far the harness's score of the exported model may be from train.py's score of the live model on the
 # same rows. float32 on the CPU agrees to ~1e-7 (BENCHMARKS.md); reduced precision on a GPU uses other kernels
 # (FA3 in training, SDPA in the export), so its tolerance is wide (not yet measured on a GPU).
 CHECK_TOLERANCE = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
-# Largest change allowed in an earlier position's logits when later tokens change, relative to the logits'
-# scale: float noise, far below anything that could carry information about the future.
-CAUSAL_TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2}
-# On a CPU, reduced precision changes nothing there: an honest model exported under bf16 autocast drifted by
-# exactly 0 (measured with random weights, so that attention matters), so a CPU run gets float32's tolerance.
+# Largest change allowed in an earlier position's scored cross-entropy (nats) when later tokens change: an
+# absolute bound set by the dtype alone, never by anything the model outputs. An honest model's drift is exactly 0
+# on a CPU, in float32 and under bf16 autocast alike (measured, tests/test_evaluate.py), since each row's result
+# does not depend on the other rows of a batch of the same shape; float32's bound leaves room for summation order.
+# A cheat below the bound gains at most the bound per token: 1e-4 nats is < 4e-5 bpb at >= 3 bytes a token.
+# Reduced precision on a GPU is not yet measured there: its bound is wider (docs/integrity.md gives the arithmetic).
+CAUSAL_TOLERANCE = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
 CPU_CAUSAL_TOLERANCE = CAUSAL_TOLERANCE["float32"]
 # Probes of the causality check on the validation rows (CausalProbes): the smallest count that catches a model
 # reading the future at 1% of the positions with probability >= 0.99, ceil(log(0.01) / log(0.99)) = 459.
 CAUSAL_PROBES = 459
+# The deeper audit of a run that may be kept (its val_bpb below the champion's, so the test split is scored too):
+# catches a model reading the future at 0.1% of the positions with probability >= 0.99,
+# ceil(log(0.01) / log(0.999)) = 4603. Keeps are rare: it costs little per night (BENCHMARKS.md).
+AUDIT_PROBES = 4603
 
 
 class Refused(Exception):
@@ -402,87 +407,104 @@ def load_program(prepare, run_dir: Path, device: str):
     return program.module(), shape
 
 
+def token_nats(logits, targets):
+    """Each position's cross-entropy (nats) of its target, computed as prepare.rows_bpb scores it: what the
+    causality check compares. A log-probability does not move when a constant is added to a position's logits,
+    so nothing a model outputs can widen the check's tolerance."""
+    import torch.nn.functional as F
+
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1).to(logits.device),
+                           reduction="none").reshape(targets.shape).cpu().double()
+
+
 class CausalProbes:
-    """The causality check, on the validation rows themselves, as part of the scoring pass.
+    """The causality check, on the validation rows themselves, after the scoring pass.
 
-    A probe is a (row, j) pair drawn uniformly, by a secret random generator, from every validation row and
-    every position 1 <= j < T: the row's tokens from j on are replaced by random ones, and the logits of the
-    positions before j must come out as they did in the scoring pass. A prediction at position j - 1 that read
-    a later token changes, whatever the model does when it is being checked: in the scoring pass it saw the
-    real tokens, in the probe it cannot (they are gone), so honest-when-checked and cheating-when-scored
-    disagree exactly where a probe lands. A model that reads the future at a fraction f of the positions is
-    caught by one probe with probability at least f, and by CAUSAL_PROBES independent probes with
-    1 - (1 - f) ** CAUSAL_PROBES: 0.99 at f = 1% (docs/integrity.md). The scoring pass keeps, for each probed
-    row, a random projection of its logits (PROJECTIONS numbers per position, float64), so the comparison covers
-    every earlier position and every vocabulary entry at the cost of a few bytes."""
+    The scoring pass keeps every position's scored cross-entropy (record). A probe is then a (row, j) pair drawn
+    uniformly, by a secret random generator, from every validation row and every position 1 <= j < T: the row's
+    tokens from j on are replaced by random ones, and the scored cross-entropy of every position before j must
+    come out as in the scoring pass, to an absolute tolerance set by the dtype alone. A prediction at position
+    j - 1 that read a later token changes, whatever the model does when it is being checked: in the scoring pass
+    it saw the real tokens, in the probe it cannot (they are gone), so honest-when-checked and
+    cheating-when-scored disagree exactly where a probe lands. A model that reads the future at a fraction f of
+    the positions is caught by one probe with probability at least f, and by k independent probes with
+    1 - (1 - f) ** k: 0.99 at f = 1% with CAUSAL_PROBES, at f = 0.1% with AUDIT_PROBES (docs/integrity.md). A
+    cheat too small to pass the tolerance gains at most the tolerance per token (nats)."""
 
-    PROJECTIONS = 8
-
-    def __init__(self, rows, batch_size: int, vocab: int, rng, probes: int):
+    def __init__(self, rows, batch_size: int, vocab: int, rng, probes: int = CAUSAL_PROBES):
         import numpy as np
-        import torch
 
-        n_rows, t = rows.shape[0], rows.shape[1] - 1
-        self.batch_size, self.rows = batch_size, rows
-        self.picks = [(int(rng.integers(n_rows)), int(rng.integers(1, t))) for _ in range(probes)] if t > 1 else []
-        self.reach: dict[int, int] = {}  # row -> the positions any of its probes compares (the largest j)
-        for r, j in self.picks:
-            self.reach[r] = max(self.reach.get(r, 0), j)
-        gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
-        self.projection = torch.randn(vocab, self.PROJECTIONS, generator=gen, dtype=torch.float64)
-        self.seen: dict[int, tuple] = {}
-        self.replacement = rng.integers(0, vocab, size=(len(self.picks), t))
+        self.rows, self.batch_size, self.vocab, self.rng, self.probes = rows, batch_size, vocab, rng, probes
+        self.nats = np.full((rows.shape[0], rows.shape[1] - 1), np.nan)
         self.calls = 0
         self.np = np
 
-    def _project(self, logits):
-        """(positions, PROJECTIONS) projections of (positions, vocab) logits, and their scale (|logits| @ |R|),
-        in float64: only the positions a probe compares, so the scoring pass pays a few milliseconds."""
-        logits = logits.detach().to("cpu", dtype=self.projection.dtype)
-        return logits @ self.projection, logits.abs() @ self.projection.abs()
-
     def record(self, logits) -> None:
         """Called with each batch's logits of the scoring pass, in order (rows_bpb's batches)."""
-        first = self.calls * self.batch_size
-        self.calls += 1
-        for r in range(first, min(first + self.batch_size, self.rows.shape[0])):
-            if r in self.reach:
-                self.seen[r] = self._project(logits[r - first, :self.reach[r]])
-
-    def check(self, forward, tolerance: float) -> int:
-        """Run every probe; Refused at the first earlier logit that moved. Returns the probes run."""
         import torch
 
-        for start in range(0, len(self.picks), self.batch_size):
-            chunk = self.picks[start:start + self.batch_size]
+        first = self.calls * self.batch_size
+        self.calls += 1
+        n = min(self.batch_size, self.rows.shape[0] - first)
+        targets = torch.from_numpy(self.rows[first:first + n, 1:])
+        self.nats[first:first + n] = token_nats(logits[:n], targets).numpy()
+
+    def check(self, forward, tolerance: float, probes: int | None = None) -> int:
+        """Run `probes` probes (default: the constructor's); Refused at the first earlier position whose scored
+        cross-entropy moved by more than `tolerance` nats. Returns the probes run."""
+        import torch
+
+        n_rows, t = self.nats.shape
+        count = self.probes if probes is None else probes
+        if t < 2:
+            return 0
+        picks = [(int(self.rng.integers(n_rows)), int(self.rng.integers(1, t))) for _ in range(count)]
+        for start in range(0, len(picks), self.batch_size):
+            chunk = picks[start:start + self.batch_size]
             x = torch.from_numpy(self.np.stack([self.rows[r, :-1] for r, _ in chunk]))
+            targets = torch.from_numpy(self.np.stack([self.rows[r, 1:] for r, _ in chunk]))
             for i, (r, j) in enumerate(chunk):
-                fresh = torch.from_numpy(self.replacement[start + i, j:]).to(x.dtype)
-                same = fresh == x[i, j:]
-                x[i, j:] = torch.where(same, (fresh + 1) % self.projection.shape[0], fresh)  # every token changes
-            if x.shape[0] < self.batch_size:
-                x = x[torch.arange(self.batch_size) % x.shape[0]]
-            out = forward(x)
+                fresh = torch.from_numpy(self.rng.integers(0, self.vocab, size=t - j)).to(x.dtype)
+                x[i, j:] = torch.where(fresh == x[i, j:], (fresh + 1) % self.vocab, fresh)  # every token changes
+            n = x.shape[0]
+            if n < self.batch_size:
+                x = x[torch.arange(self.batch_size) % n]
+            nats = token_nats(forward(x)[:n], targets).numpy()
             for i, (r, j) in enumerate(chunk):
-                projected, _ = self._project(out[i, :j])
-                base, scale = self.seen[r]
-                drift = (projected - base[:j]).abs().amax().item()
-                bound = tolerance * (1.0 + scale[:j].amax().item())
-                if not drift <= bound:
+                drift = float(self.np.abs(nats[i, :j] - self.nats[r, :j]).max())
+                if not drift <= tolerance:  # NaN fails too
                     raise Refused(f"the model is not causal: on validation row {r}, changing the tokens from "
-                                  f"position {j} on changed the logits of earlier positions (by {drift:.3g} in a "
-                                  f"random projection, allowed {bound:.3g}); a prediction may only use earlier "
+                                  f"position {j} on changed the scored log-probability of an earlier position by "
+                                  f"{drift:.3g} nats (allowed {tolerance:.3g}); a prediction may only use earlier "
                                   "tokens")
-        return len(self.picks)
+        return len(picks)
 
 
-def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, test_below: float,
-             causal_probes: int = CAUSAL_PROBES) -> dict:
+@dataclass(frozen=True)
+class Request:
+    """What the harness hands the evaluator, on its command line: the run's model and how it was trained."""
+    run_dir: str
+    dtype: str
+    device: str
+    check_bpb: float
+    test_below: float = float("inf")  # also score the test split (and audit deeper) when val_bpb is below this
+    probes: int = CAUSAL_PROBES
+    audit_probes: int = AUDIT_PROBES
+
+    def argv(self) -> list[str]:
+        return ["--run-dir", self.run_dir, "--dtype", self.dtype, "--device", self.device, "--check-bpb",
+                repr(float(self.check_bpb)), "--test-below", repr(min(float(self.test_below), 1e308)),
+                "--causal-probes", str(self.probes), "--audit-probes", str(self.audit_probes)]
+
+
+def evaluate(prepare, request: Request) -> dict:
     import numpy as np
     import torch
 
     t0 = time.time()
-    module, shape = load_program(prepare, run_dir, device)
+    device, dtype = request.device, request.dtype
+    module, shape = load_program(prepare, Path(request.run_dir), device)
     batch_size, seq_len = shape if len(shape) == 2 else (None, None)
     manifest = prepare.require_manifest()
     if seq_len != manifest["max_seq_len"]:
@@ -499,12 +521,12 @@ def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, 
         try:
             check = prepare.check_rows(batch_size)
             out["check_bpb"] = prepare.rows_bpb(forward, check, token_bytes, batch_size, device)
-            if not abs(out["check_bpb"] - check_bpb) <= CHECK_TOLERANCE[dtype]:
+            if not abs(out["check_bpb"] - request.check_bpb) <= CHECK_TOLERANCE[dtype]:
                 raise Refused(f"the exported model does not reproduce train.py's: check_bpb {out['check_bpb']:.6f} "
-                              f"(harness) vs {check_bpb:.6f} (train.py)")
+                              f"(harness) vs {request.check_bpb:.6f} (train.py)")
             t1 = time.time()
             val = prepare.evaluation_rows("val")
-            probes = CausalProbes(val, batch_size, vocab, np.random.default_rng(secrets.randbits(64)), causal_probes)
+            probes = CausalProbes(val, batch_size, vocab, np.random.default_rng(secrets.randbits(64)), request.probes)
 
             def scored(x):
                 logits = forward(x)
@@ -515,62 +537,72 @@ def evaluate(prepare, run_dir: Path, dtype: str, device: str, check_bpb: float, 
             out["val_seconds"] = time.time() - t1
             t1 = time.time()
             tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
-            out["causal_probes"] = probes.check(forward, tolerance)
+            may_keep = out["val_bpb"] < request.test_below  # it may be kept: audited deeper, and the test scored
+            out["causal_probes"] = probes.check(forward, tolerance,
+                                                max(request.probes, request.audit_probes) if may_keep else None)
+            out["audited"] = may_keep
             out["causal_seconds"] = time.time() - t1
-            if out["val_bpb"] < test_below:
+            if may_keep:
                 out["test_bpb"] = prepare.rows_bpb(forward, prepare.evaluation_rows("test"), token_bytes,
                                                    batch_size, device)
         except (Refused, prepare.PrepareError):
             raise
+        except MemoryError:
+            raise Broken("the exported model needs more memory than the evaluator may use "
+                         f"({memory_limit() / 2**30:.1f} GiB, 3/4 of this machine's memory)") from None
         except Exception as e:
+            if "alloc" in str(e).lower() and "memory" in str(e).lower():
+                raise Broken("the exported model needs more memory than the evaluator may use "
+                             f"({memory_limit() / 2**30:.1f} GiB, 3/4 of this machine's memory)") from None
             raise Broken(f"the exported model failed to run ({type(e).__name__}: {str(e)[:500]})") from None
     out["seconds"] = time.time() - t0
     return out
 
 
-def main(argv: list[str]) -> int:
+def memory_limit() -> int:
+    """Bytes of address space the evaluator may use on a CPU: 3/4 of the machine's memory, so that an exported
+    model that asks for more is a named crash of one run, not the out-of-memory killer ending the night."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+
+
+def parse(argv: list[str]):
+    """The script's arguments: (the parsed namespace, the Request)."""
     import argparse
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prepare-dir", required=True, help="a directory holding the clean prepare.py alone")
-    parser.add_argument("--wait", action="store_true",
-                        help="import everything, then read the other arguments as one JSON object from stdin")
-    parser.add_argument("--run-dir")
-    parser.add_argument("--dtype")
+    parser.add_argument("--path", action="append", default=[],
+                        help="a directory of packages to import from (the harness's PYTHONPATH; -I drops it)")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--dtype", required=True)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--check-bpb", type=float)
+    parser.add_argument("--check-bpb", type=float, required=True)
     parser.add_argument("--test-below", type=float, default=float("inf"),
-                        help="also score the test split when val_bpb is below this")
+                        help="also score the test split, and audit deeper, when val_bpb is below this")
     parser.add_argument("--causal-probes", type=int, default=CAUSAL_PROBES,
                         help="probes of the causality check on the validation rows (CausalProbes)")
+    parser.add_argument("--audit-probes", type=int, default=AUDIT_PROBES,
+                        help="probes when val_bpb is below --test-below (a run that may be kept)")
     args = parser.parse_args(argv)
-    if args.wait:  # importing beside a training that starts: yield the cores to it. This process has its own
-        os.nice(19)  # session, hence its own autogroup where Linux has them, and nice only counts within one:
-        try:         # the autogroup's nice too (a bf16 matmul next to it: 789 GFLOP/s, with it 1,900, alone 1,950)
-            with open("/proc/self/autogroup", "w") as f:
-                f.write("19")
-        except OSError:  # no autogroups (or not Linux): the plain nice is what counts
-            pass
-    sys.path.insert(0, args.prepare_dir)
+    return args, Request(args.run_dir, args.dtype, args.device, args.check_bpb, args.test_below, args.causal_probes,
+                         args.audit_probes)
+
+
+def main(argv: list[str]) -> int:
+    args, request = parse(argv)
+    if request.device == "cpu":  # CUDA reserves far more address space than it uses: bounded on a CPU only
+        import resource
+        limit = memory_limit()
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    sys.path[:0] = [args.prepare_dir]
+    sys.path += args.path
     import prepare
-    if args.wait:
-        import numpy  # noqa: F401  everything evaluate() and load_program() import, so that they find it loaded
-        import safetensors.torch  # noqa: F401
-        import torch  # noqa: F401
-        import torch._export.serde.serialize  # noqa: F401
-        line = sys.stdin.readline()
-        if not line:  # the harness needs no evaluation (the run crashed) or is gone
-            return 0
-        vars(args).update(json.loads(line))
-    if args.run_dir is None or args.dtype is None or args.check_bpb is None:
-        parser.error("--run-dir, --dtype and --check-bpb are required")
     try:
-        if args.dtype not in CHECK_TOLERANCE:
-            raise Broken(f"result.json names dtype {args.dtype!r}; it must be one of {sorted(CHECK_TOLERANCE)}")
-        if args.device not in ("cpu", "cuda", "mps"):
-            raise Broken(f"result.json names device {args.device!r}; it must be cpu, cuda or mps")
-        out = evaluate(prepare, Path(args.run_dir), args.dtype, args.device, args.check_bpb, args.test_below,
-                       args.causal_probes)
+        if request.dtype not in CHECK_TOLERANCE:
+            raise Broken(f"result.json names dtype {request.dtype!r}; it must be one of {sorted(CHECK_TOLERANCE)}")
+        if request.device not in ("cpu", "cuda", "mps"):
+            raise Broken(f"result.json names device {request.device!r}; it must be cpu, cuda or mps")
+        out = evaluate(prepare, request)
     except Refused as e:
         out = {"refused": str(e)}
     except (Broken, prepare.PrepareError) as e:
@@ -581,73 +613,63 @@ def main(argv: list[str]) -> int:
 # --- the harness side --------------------------------------------------------------------------------------
 
 
-class Evaluator:
-    """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, started
-    now and importing while the caller trains; run() hands it the finished run in `out`. One run per Evaluator;
-    close() ends it if run() never came (the training crashed). Under protection "bwrap" it runs in its own
-    sandbox (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may write nothing, reach
-    no network, and see nothing but the data, its own two files and `out`."""
+def run_evaluation(prepare_source: bytes, cache: Path, request: Request, timeout: float,
+                   protection: str = "none", on_start=None) -> dict:
+    """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, on the
+    finished run `request` names. Its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with
+    a reason. on_start(pid) is called first, so that a harness killed meanwhile can be cleaned up after.
 
-    def __init__(self, prepare_source: bytes, cache: Path, out: Path, protection: str = "none",
-                 causal_probes: int = CAUSAL_PROBES):
-        self.private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
-        self.out = out
-        (self.private / "fixed").mkdir()
-        (self.private / "fixed" / "prepare.py").write_bytes(prepare_source)
-        script = self.private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
+    Call it only once the training's whole process tree has ended (supervise.py checks that none remains): the
+    evaluator's arguments are on its command line and its files are written now, into a new private directory,
+    so nothing the training could reach feeds it. Under protection "bwrap" it runs in its own sandbox
+    (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may write nothing, reach no
+    network, and see nothing but the data, its own two files and the run's out/."""
+    private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
+    try:
+        (private / "fixed").mkdir()
+        (private / "fixed" / "prepare.py").write_bytes(prepare_source)
+        script = private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
         script.write_bytes(Path(__file__).read_bytes())
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTORESEARCH_"))}
         env["AUTORESEARCH_CACHE"] = str(cache)
         # -I: no PYTHON* variables, no user site, no script directory on sys.path; -B: no bytecode written. The
-        # fresh private directory has no __pycache__, so prepare is compiled from the clean source.
-        argv = [sys.executable, "-I", "-B", str(script), "--prepare-dir", str(self.private / "fixed"), "--wait",
-                "--causal-probes", str(causal_probes)]
+        # fresh private directory has no __pycache__, so prepare is compiled from the clean source. The harness's
+        # PYTHONPATH is passed as arguments (a Python whose packages come through it), never a repository's.
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                 if p and Path(p).is_dir() and not (Path(p) / "prepare.py").exists()]
+        argv = [sys.executable, "-I", "-B", str(script), "--prepare-dir", str(private / "fixed"), *request.argv()]
+        argv += [a for p in paths for a in ("--path", p)]
         if protection == "bwrap":
             from autoresearch import sandbox  # the harness's side only: the script imports nothing of the package
-            argv = sandbox.wrap_evaluator(argv, self.private, cache, out)
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.PIPE, start_new_session=True)
-
-    def run(self, dtype: str, device: str, check_bpb: float, test_below: float, timeout: float,
-            on_start=None) -> dict:
-        """Its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with a reason. on_start(pid)
-        is called first, so that a harness killed meanwhile can be cleaned up after."""
-        args = {"run_dir": str(self.out), "dtype": dtype, "device": device, "check_bpb": check_bpb,
-                "test_below": test_below if test_below != float("inf") else 1e308}
+            argv = sandbox.wrap_evaluator(argv, private, cache, Path(request.run_dir))
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             if on_start:
-                on_start(self.proc.pid)
-            stdout, stderr = self.proc.communicate(json.dumps(args) + "\n", timeout=timeout)
+                on_start(proc.pid)
+            stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"the evaluation took longer than {timeout:.0f} s"}
         finally:
-            self.close()
-        lines = stdout.strip().splitlines()
-        try:
-            return json.loads(lines[-1])
-        except (IndexError, json.JSONDecodeError):
-            return {"error": f"the evaluation failed (exit {self.proc.returncode}): {stderr.strip()[-800:]}"}
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.communicate()
-        shutil.rmtree(self.private, ignore_errors=True)
-
-
-def run_evaluation(prepare_source: bytes, out: Path, dtype: str, device: str, check_bpb: float,
-                   test_below: float, cache: Path, timeout: float, on_start=None, protection: str = "none",
-                   causal_probes: int = CAUSAL_PROBES) -> dict:
-    """Start an Evaluator on `out` and hand it the run at once (Evaluator.run)."""
-    return Evaluator(prepare_source, cache, out, protection, causal_probes).run(dtype, device, check_bpb, test_below,
-                                                                                timeout, on_start)
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    lines = stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"the evaluation failed (exit {proc.returncode}): {stderr.strip()[-800:]}"}
 
 
 if __name__ == "__main__":
-    if sys.platform.startswith("linux"):  # die with the harness or worker that started it (processes.tied_to_parent)
+    if sys.platform.startswith("linux"):
         import ctypes
         import signal
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the harness or worker that started it
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other non-root process of this uid may ptrace it
     code = main(sys.argv[1:])
     sys.stdout.flush()  # the harness waits for this process to end: skip torch's teardown (~0.9 s on 2 cores)
     sys.stderr.flush()

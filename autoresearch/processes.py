@@ -78,22 +78,30 @@ def become_subreaper() -> bool:
         return False
 
 
-def descendants(spare=()) -> list[list]:
-    """Identities of every live descendant of this process, less the subtrees rooted at the pids in `spare`
-    (the waiting evaluator and its sandbox)."""
-    spare = set(spare)
+def descendants() -> list[list]:
+    """Identities of every live descendant of this process (zombies left out)."""
     out = []
     for child in psutil.Process().children(recursive=True):
-        try:  # by ancestry, checked per process: one forked in the spare tree a moment ago is still spare
-            if child.pid in spare or any(a.pid in spare for a in child.parents()):
-                continue
-        except psutil.Error:
-            continue
         try:
-            out.append([child.pid, child.create_time()])
+            if child.status() != psutil.STATUS_ZOMBIE:
+                out.append([child.pid, child.create_time()])
         except psutil.Error:
             continue
     return out
+
+
+def end_descendants(rounds: int = 5) -> list[list]:
+    """Kill every descendant of this process, in rounds: one forked while its parent was being killed is
+    re-parented here (become_subreaper) and found by the next round. Returns those still alive after the last
+    round: none, unless a process cannot be killed."""
+    left = descendants()
+    for _ in range(rounds):
+        if not left:
+            break
+        kill_all(left, grace=0.5)
+        reap(left)
+        left = descendants()
+    return left
 
 
 # Exec'd in front of a command: it dies (SIGKILL) when the process that started it dies, e.g. a Ray worker killed

@@ -45,6 +45,7 @@ class Training:
     wall: float
     cpu_at_result: float | None = None  # CPU seconds of the training's processes when result.json appeared
     load: float | None = None   # cores other processes kept busy meanwhile
+    survivors: int = 0          # processes of its tree still alive after it was ended (none, unless unkillable)
     done_after: float | None = None  # seconds from the start until the training's process ended
     cpu_at_done: float | None = None  # CPU seconds of its processes until then
     rewritten: list | None = None  # contract files (result, model) changed after result.json first appeared
@@ -112,13 +113,13 @@ class CappedLog:
 
 
 def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=(),
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1,
           prune=None) -> Training:
     """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
-    pending.json so that a later recovery can kill exactly those. `spare`: pids of this process's children
-    that are not the training's (the waiting evaluator). prune(elapsed, step_line) -> a reason to stop the
-    training now (prune.py), or None."""
+    pending.json so that a later recovery can kill exactly those. Every descendant of this process is the
+    training's: it returns once all of them have ended, so that nothing of it runs beside the evaluation.
+    prune(elapsed, step_line) -> a reason to stop the training now (prune.py), or None."""
     out = run_dir / sandbox.OUT_DIR
     contract = fixed.contract()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
@@ -157,7 +158,7 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
             if now - start > timeout:
                 timed_out = True
                 break
-            tree = [i for i in processes.descendants(spare) if i not in known]
+            tree = [i for i in processes.descendants() if i not in known]
             if tree:
                 known += tree
                 state.atomic_json(pending_path, pending)
@@ -173,10 +174,11 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
         # result.json written at once buys no time.
         done_after = time.time() - start
         cpu_at_done = machine_load.tree_cpu_seconds(known)
-        known += [i for i in processes.descendants(spare) if i not in known]
+        known += [i for i in processes.descendants() if i not in known]
         processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
         processes.reap(known)
+        survivors = processes.end_descendants()  # forked while the tree was being killed: re-parented here
         log.close()
     wall = time.time() - start
     tree_cpu = children_cpu() - children_before
@@ -185,8 +187,8 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
         result_after, cpu_at_result, written = wall, tree_cpu, final
     rewritten = [name for name in final if written is not None and final[name] != written[name]]
     return Training(None if timed_out or pruned else proc.returncode, timed_out, result_after, wall, cpu_at_result,
-                    round(meter.others(tree_cpu), 3), done_after, max(cpu_at_done or 0.0, 0.0) or tree_cpu,
-                    rewritten, pruned)
+                    round(meter.others(tree_cpu), 3), len(survivors), done_after,
+                    max(cpu_at_done or 0.0, 0.0) or tree_cpu, rewritten, pruned)
 
 
 def children_cpu() -> float:

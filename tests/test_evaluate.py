@@ -218,3 +218,79 @@ def test_an_honest_model_passes_every_probe():
     for i in range(0, rows.shape[0], 8):
         p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
     assert p.check(forward, 1e-5) == evaluate.CAUSAL_PROBES
+
+
+def probed(forward, rows, vocab, probes=evaluate.CAUSAL_PROBES, seed=3):
+    """The scoring pass, then the probes, as evaluate() runs them: the number of probes run, or Refused."""
+    p = evaluate.CausalProbes(rows, 8, vocab, np.random.default_rng(seed), probes)
+    for i in range(0, rows.shape[0], 8):
+        x = torch.from_numpy(rows[i:i + 8, :-1])
+        n = x.shape[0]
+        p.record(forward(x[torch.arange(8) % n]))
+    return p.check(forward, evaluate.CPU_CAUSAL_TOLERANCE)
+
+
+def test_a_constant_on_one_position_widens_nothing():
+    """Issue 31's attack: a model reading the next token (+40 on its logit) that adds 2**20 to every logit of
+    position 0. A tolerance scaled by the logits' size let all 459 probes through; log-probabilities do not move
+    with a constant, and the tolerance is the dtype's alone."""
+    rows = np.random.default_rng(2).integers(0, 50, size=(24, 17))
+    emb, eye = torch.randn(50, 50), torch.eye(50)
+
+    def cheat(x):
+        first = (torch.arange(x.shape[1]) == 0).float()[None, :, None] * 2.0 ** 20
+        return emb[x] + 40 * eye[x.roll(-1, dims=1)] + first
+
+    with pytest.raises(evaluate.Refused, match="not causal"):
+        probed(cheat, rows, 50)
+
+    def honest_but_huge(x):  # the same constant on an honest model: every probe passes
+        return emb[x].cumsum(1) + (torch.arange(x.shape[1]) == 0).float()[None, :, None] * 2.0 ** 20
+
+    assert probed(honest_but_huge, rows, 50) == evaluate.CAUSAL_PROBES
+
+
+def test_a_cheat_below_the_tolerance_gains_less_than_it_per_token():
+    """The arithmetic in docs/integrity.md: a model that moves its scored log-probability by less than the
+    tolerance at every position passes, and gains at most that many nats per token."""
+    rows = np.random.default_rng(4).integers(0, 50, size=(16, 17))
+    emb, eye = torch.randn(50, 50), torch.eye(50)
+    nudge = 0.5 * evaluate.CPU_CAUSAL_TOLERANCE
+
+    def honest(x):
+        return emb[x].cumsum(1)
+
+    def nudged(x):  # reads the next token, but only to raise its logit by a hair
+        return honest(x) + nudge * eye[x.roll(-1, dims=1)]
+
+    assert probed(nudged, rows, 50, probes=200) == 200
+    x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
+    gain = (evaluate.token_nats(honest(x), y) - evaluate.token_nats(nudged(x), y)).max().item()
+    assert 0 < gain <= evaluate.CPU_CAUSAL_TOLERANCE
+
+
+def test_an_exported_gpt_under_bf16_autocast_drifts_by_exactly_zero(exported):
+    """Why a CPU run gets float32's tolerance whatever its dtype: an honest model's earlier positions come out
+    bit for bit the same when later tokens change, in float32 and under bf16 autocast."""
+    _, model, _ = exported
+    rows = np.random.default_rng(5).integers(0, 64, size=(2, 17))
+    x = torch.from_numpy(rows[:, :-1])
+    for dtype in (torch.float32, torch.bfloat16):
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            before = evaluate.token_nats(model(x), torch.from_numpy(rows[:, 1:]))
+            changed = x.clone()
+            changed[:, 9:] = (changed[:, 9:] + 1) % 64
+            after = evaluate.token_nats(model(changed), torch.from_numpy(rows[:, 1:]))
+        assert torch.equal(before[:, :9], after[:, :9]), dtype
+
+
+def test_the_audit_counts_catch_what_the_docs_say():
+    assert 1 - (1 - 0.001) ** evaluate.AUDIT_PROBES >= 0.99 > 1 - (1 - 0.001) ** (evaluate.AUDIT_PROBES - 1)
+
+
+def test_the_request_is_the_evaluators_whole_input():
+    """The evaluator reads its arguments from its command line alone (no stdin a training could write), and
+    they come back as the harness sent them."""
+    request = evaluate.Request("/r/out", "bfloat16", "cpu", 1.25, float("inf"), 7, 70)
+    assert evaluate.parse(["--prepare-dir", "/p", *request.argv()])[1] == evaluate.Request(
+        "/r/out", "bfloat16", "cpu", 1.25, 1e308, 7, 70)

@@ -67,9 +67,9 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     weights = load_file(str(run_dir / prepare.TENSORS_FILE))
     assert weights["wte.weight"].shape == (tok.get_vocab_size(), 128)
     assert "step=     1 | loss=" in proc.stdout
-    from autoresearch.evaluate import CHECK_TOLERANCE, run_evaluation
-    evaluation = run_evaluation((ROOT / "prepare.py").read_bytes(), run_dir, result["dtype"], "cpu",
-                                result["check_bpb"], float("inf"), small_cache, timeout=300)
+    from autoresearch.evaluate import CHECK_TOLERANCE, Request, run_evaluation
+    request = Request(str(run_dir), result["dtype"], "cpu", result["check_bpb"])
+    evaluation = run_evaluation((ROOT / "prepare.py").read_bytes(), small_cache, request, timeout=300)
     tolerance = CHECK_TOLERANCE[result["dtype"]]
     assert abs(evaluation["val_bpb"] - result["val_bpb"]) <= tolerance, (evaluation, result["val_bpb"])
     assert abs(evaluation["check_bpb"] - result["check_bpb"]) <= tolerance
