@@ -15,7 +15,8 @@ the system's programs and libraries (/usr, /etc, ...), the Python installation, 
   writable (it answers on a pipe);
 - the compile phase: the champion's train.py and prepare.py, a view without any token file, the compile cache
   writable (see compiled.py).
-Each has a private /tmp and /dev/shm, no network, its own process namespace (every process it starts ends with it). Without
+Each has a private /tmp and /dev/shm, no network, its own process namespace (every process it starts ends with it),
+and its own user namespace with no capability, so that it holds when root starts it. Without
 bubblewrap nothing is enforced while the code runs; the harness detects afterwards what changed in the
 repository and the data (guard.py), and the row says so (protection=none).
 """
@@ -128,11 +129,20 @@ def python_dirs() -> list[Path]:
     return out
 
 
+# Whoever starts it, root included, what runs inside holds no capability: a user namespace of its own and every
+# capability dropped. Started by root without them, bubblewrap keeps nearly all (CapEff 0x1fffeffffff inside):
+# open_by_handle_at (CAP_DAC_READ_SEARCH) then opened the held-out files by inode number, outside every mount
+# (benchmarks/redteam.py, open-by-handle). With them: "Operation not permitted". A user other than root holds no
+# capability outside; bubblewrap gives it a user namespace itself where it needs one. Where root may not create
+# a user namespace, bwrap_works() is False: no sandbox rather than one that does not hold.
+CONFINED = ["--unshare-user", "--cap-drop", "ALL"] if os.geteuid() == 0 else ["--cap-drop", "ALL"]
+
+
 def _base() -> list[str]:
     """An empty root with the system and Python read-only, /dev, /proc, a private /tmp; no network, no other
-    process visible, dead with its parent."""
-    args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--dev-bind", "/dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    process visible, no capability, dead with its parent."""
+    args = ["bwrap", *CONFINED, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--dev-bind", "/dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(d), d]
@@ -192,7 +202,7 @@ def wrap_agent(argv: list[str], cache: Path, manifest: dict) -> list[str]:
     tokens, no raw downloads), the local corpus and npm's cache (gutenberg's raw books) are hidden, and the
     compile cache and the machine's measurements are read-only."""
     cache = cache.resolve()
-    args = ["bwrap", "--dev-bind", "/", "/", "--die-with-parent", "--tmpfs", str(cache)]
+    args = ["bwrap", *CONFINED, "--dev-bind", "/", "/", "--die-with-parent", "--tmpfs", str(cache)]
     for name in ("manifest.json", "tokenizer.json"):
         args += ["--ro-bind", str(cache / name), str(cache / name)]
     for rel in training_files(manifest):
