@@ -79,7 +79,7 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
     lines.append("\n" + report.champion_text(rows, report.configurations(rows, repo)))
     manifest = prepare.load_manifest()
     profile = manifest["profile"] if manifest else prepare.default_profile()
-    source = source if source is not None else (repo / state.EDITABLE).read_text()
+    source = source if source is not None else (repo / state.EDITABLE).read_text(errors="replace")
     lines.append("\nDo not repeat what was tried unless something it depends on has changed since.\n"
                  + proposer.knowledge(rows, source, profile, command=False))
     if in_flight:  # parallel workers (driver.py): propose something else
@@ -111,7 +111,7 @@ class ExternalAgent:
 
     def propose(self, context: dict) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
-                              (self.workdir / state.EDITABLE).read_text())
+                              (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
@@ -190,7 +190,7 @@ class WorkerProposers:
         git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
         git.git(agent.workdir, "clean", "-q", "-f", "-d")
         description = agent.propose({"in_flight": in_flight})
-        return (agent.workdir / "train.py").read_text(), description
+        return (agent.workdir / "train.py").read_text(errors="replace"), description
 
     def observe(self, name: str, outcome) -> None:
         if name in self.agents:

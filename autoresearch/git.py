@@ -14,7 +14,9 @@ class GitError(RuntimeError):
 
 
 def git(repo: Path, *args: str, check: bool = True, strip: bool = True) -> str:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    # errors="replace": a train.py in the history that is not UTF-8 (refused by `run` today, perhaps kept by an
+    # older version) is read with replacement characters, never a UnicodeDecodeError that stops every command
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, errors="replace")
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout.strip() if strip else proc.stdout

@@ -188,7 +188,7 @@ class Proposer:
     def propose(self, context: dict) -> str:
         """Edit train.py (the champion's, checked out) and return the description of the change."""
         path = self.repo / state.EDITABLE
-        new_source, description = self.propose_source(path.read_text(), in_flight=context.get("in_flight", ()))
+        new_source, description = self.propose_source(path.read_text(errors="replace"), in_flight=context.get("in_flight", ()))
         path.write_text(new_source)
         return description
 

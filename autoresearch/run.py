@@ -138,11 +138,29 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
     if others:
         return (f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                 f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
-    size = (repo / EDITABLE).stat().st_size
+    raw = (repo / EDITABLE).read_bytes()
+    problem = source_problem(raw)
+    if problem:
+        return problem
+    size = len(raw)
     if size > config["max_train_bytes"]:
         return (f"{EDITABLE} has {size:,} bytes, more than this tag's limit of {config['max_train_bytes']:,} (set "
                 f"at setup): a file that size carries data, not code. Remove what it embeds")
     return tags.preflight(repo, config)
+
+
+def source_problem(raw: bytes) -> str | None:
+    """Why train.py's bytes cannot be a run's source, or None: every reader (both loops, the agents' prompt, the
+    built-in researcher, git's diffs) takes it as UTF-8 text."""
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        return f"{EDITABLE} holds a NUL byte at offset {nul}: it must be UTF-8 text. Remove it"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (f"{EDITABLE} is not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start}): save it as UTF-8 "
+                "(and drop any `coding:` line) and run again")
+    return None
 
 
 def pruning(repo: Path, config: dict, rows, rule: str, first_run: bool) -> prune.Reference | None:
