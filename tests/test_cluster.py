@@ -20,6 +20,8 @@ from autoresearch.driver import Job, keep_on_branch
 from autoresearch.worker import Worker, WorkerRefused
 
 
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
+
 def trainings(under) -> list[psutil.Process]:
     """Training processes (python train.py, not the bubblewrap around them) running in a folder under `under`."""
     found = []

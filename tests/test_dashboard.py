@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli
+from conftest import STALL_ROOM, cli
 
 from autoresearch import git, ledger, loop, record, state, tags
+
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
 ARTIFACTS = Path(os.environ.get("AUTORESEARCH_TEST_ARTIFACTS", "/tmp/autoresearch-test-artifacts"))
 
@@ -89,7 +91,7 @@ def start_dashboard(repo, env):
     return proc, f"http://127.0.0.1:{match.group(1)}/"
 
 
-def wait_until(condition, timeout=20, what="the page"):
+def wait_until(condition, timeout=120, what="the page"):
     end = time.time() + timeout
     while time.time() < end:
         try:
@@ -181,5 +183,5 @@ def test_a_port_in_use_is_a_clear_error(repo, env, tag):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = cli(repo, "dashboard", "--port", str(port), env=env, timeout=60)
+        out = cli(repo, "dashboard", "--port", str(port), env=env, timeout=STALL_ROOM)
     assert out.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in out.stderr and "--port" in out.stderr

@@ -3,9 +3,12 @@ baseline's three runs: test_harness.test_keep_discard_crash_and_status)."""
 
 import json
 
+import pytest
 from autoresearch import ledger, record
 from conftest import cli, sh
 
+
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
 def rows(repo):
     return ledger.read(repo / "results.tsv")

@@ -4,8 +4,11 @@ followed by a restart; no row lost, written twice or torn, the branch on the las
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
+
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
 def test_sigkill_at_four_moments_loses_nothing(small_cache, tmp_path):
     import os

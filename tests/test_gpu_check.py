@@ -10,8 +10,11 @@ import os
 import shutil
 import subprocess
 
-from conftest import ROOT, eager_train_source
+import pytest
+from conftest import ROOT, STALL_ROOM, eager_train_source
 
+
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
 def test_gpu_check_runs_offline_from_a_bundle_and_reports_every_figure(small_cache, tmp_path):
     bundle = tmp_path / "bundle"
@@ -24,7 +27,7 @@ def test_gpu_check_runs_offline_from_a_bundle_and_reports_every_figure(small_cac
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
     script = str(ROOT / "benchmarks" / "gpu_check.sh")
     refused = subprocess.run(["bash", script, "run", str(bundle)], env=env, capture_output=True, text=True,
-                             timeout=60)
+                             timeout=STALL_ROOM)
     assert refused.returncode == 1 and "GPU_CHECK_ALLOW_CPU=1" in refused.stderr  # no GPU: says how to go on
     proc = subprocess.run(["bash", script, "run", str(bundle), "--budget", "3", "--out", str(out), "--repo", str(repo)],
                           env=dict(env, GPU_CHECK_ALLOW_CPU="1"), capture_output=True, text=True, timeout=300)
@@ -42,5 +45,5 @@ def test_gpu_check_runs_offline_from_a_bundle_and_reports_every_figure(small_cac
     empty = tmp_path / "empty"
     empty.mkdir()
     proc = subprocess.run(["bash", script, "run", str(empty)], env=dict(env, GPU_CHECK_ALLOW_CPU="1"),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=STALL_ROOM)
     assert proc.returncode == 1 and "gpu_check.sh pack" in proc.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch import ledger, record, recovery
-from conftest import cli, sh
+from conftest import STALL_ROOM, cli, compiled_warm, sh, with_cache_counters
 
 def edit_train(repo, pattern, replacement):
     path = repo / "train.py"
@@ -29,6 +29,7 @@ def head(repo):
     return sh(repo, "git", "rev-parse", "HEAD")
 
 
+@pytest.mark.slow
 def test_keep_discard_crash_and_status(repo, env):
     # 4 s, not the suite's 2: step lines stamp whole seconds, and at 1 s (half of 2) the champion's runs are
     # still at their first steps, 0.15 apart: a hopeless run was pruned on a coin's toss (by 0.03 over the margin)
@@ -117,6 +118,7 @@ def _alive(pid):
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sandbox", ["off", "on"])
 def test_a_hang_is_killed_with_its_grandchildren(repo, env, sandbox, bwrap_or_skip):
     """Every process the training started dies with it, a setsid escapee too: without a sandbox because the
@@ -128,12 +130,13 @@ def test_a_hang_is_killed_with_its_grandchildren(repo, env, sandbox, bwrap_or_sk
     (repo / "train.py").write_text(GRANDCHILD_HANG.replace("MARKER", marker).replace("SETSID", "True"))
     t0 = time.time()
     out = cli(repo, "run", "-m", "hang forever", env=env)
-    assert out.returncode == 1 and time.time() - t0 < 30
+    assert out.returncode == 1 and time.time() - t0 < STALL_ROOM  # killed, not left to hang
     assert "timeout after 3 s" in rows(repo)[-1].description and rows(repo)[-1].status == "crash"
     assert rows(repo)[-1].protection == {"off": "none", "on": "bwrap"}[sandbox]
     assert _processes_with(marker) == []
 
 
+@pytest.mark.slow
 def test_tampered_prepare_is_refused_and_recorded(repo, env):
     assert cli(repo, "setup", "--tag", "tamper", env=env).returncode == 0
     with open(repo / "prepare.py", "a") as f:
@@ -147,6 +150,7 @@ def test_tampered_prepare_is_refused_and_recorded(repo, env):
     assert [r.status for r in rows(repo)] == ["refused", "refused"]
 
 
+@pytest.mark.slow
 def test_clear_errors_never_tracebacks(repo, env, tmp_path):
     not_repo = tmp_path / "plain"
     not_repo.mkdir()
@@ -178,6 +182,7 @@ def _wait_for_training(repo, timeout=120):
     raise AssertionError("training never started")
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_harness_mid_run_is_recovered_by_the_next_command_not_by_status(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
     assert cli(repo, "setup", "--tag", "kill", "--sandbox", "off", env=slow).returncode == 0
@@ -205,6 +210,7 @@ def test_sigkill_of_the_harness_mid_run_is_recovered_by_the_next_command_not_by_
     assert cli(repo, "status", env=slow).stdout.count("interrupted") == 1  # recorded once
 
 
+@pytest.mark.slow
 def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refused(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="8")
     loop = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "busy", "--max-experiments",
@@ -221,6 +227,7 @@ def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refus
     assert row.status == "keep" and row.description == "baseline"
 
 
+@pytest.mark.slow
 def test_recovery_after_the_row_was_written(repo, env):
     """Killed between appending the row and resetting git: no duplicate row, the branch is reset."""
     assert cli(repo, "setup", "--tag", "late", env=env).returncode == 0
@@ -237,6 +244,7 @@ def test_recovery_after_the_row_was_written(repo, env):
     assert head(repo) == config["base_commit"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, reason", [
     ("import no_such_module_anywhere\n", "exit status 1"),
     ("raise MemoryError('CUDA out of memory (simulated)')\n", "exit status 1"),
@@ -255,6 +263,7 @@ def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, r
     assert "--- last 50 lines of the log" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env, monkeypatch):
     import prepare
     assert cli(repo, "setup", "--tag", "b", env=env).returncode == 0
@@ -273,6 +282,7 @@ def test_a_bad_budget_is_a_clear_error_from_every_command(repo, env, monkeypatch
     assert (repo / "results.tsv").read_text().count("\n") == 1  # the header: nothing ran
 
 
+@pytest.mark.slow
 def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, env, small_cache, tmp_path):
     import shutil
     cache = tmp_path / "cache"
@@ -290,6 +300,7 @@ def test_a_damaged_manifest_is_a_clear_error_and_prepare_force_repairs_it(repo, 
     assert cli(repo, "setup", "--tag", "m", env=own).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
     from autoresearch import machine
     assert cli(repo, "setup", "--tag", "hw", env=env).returncode == 0
@@ -305,6 +316,7 @@ def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
     assert row.status == "refused" and "AMD EPYC 7B13" in row.description
 
 
+@pytest.mark.slow
 def test_every_run_compiles_warm_from_the_champions_base_and_writes_nothing_a_later_run_reads(repo, env, small_cache,
                                                                                            tmp_path, bwrap_or_skip):
     """The shipped train.py compiles (USE_COMPILE). The champion's compile phase fills a base (no data, outside the
@@ -318,11 +330,10 @@ def test_every_run_compiles_warm_from_the_champions_base_and_writes_nothing_a_la
     from autoresearch.edit import set_constants
     cache = tmp_path / "cache"  # a data cache of its own, so its compile cache starts empty
     shutil.copytree(small_cache, cache)
-    # room outside the 2 s budget: a warm compile's first step alone takes 4-7 s here, more on a busy machine, and
-    # this test is about the compile cache, not the allowance (test_integrity's)
-    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion",
-               AUTORESEARCH_OUTSIDE_ALLOWANCE="120")
-    (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True}, "cpu"))
+    # the env fixture's STALL_ROOM outside the 2 s budget: a warm compile's first step alone takes 4-7 s here
+    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion")
+    source = set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True}, "cpu")
+    (repo / "train.py").write_text(with_cache_counters(source))
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
     assert cli(repo, "setup", "--tag", "compiled", "--sandbox", "on", "--decision", "naive", env=env).returncode == 0
     compile_seconds, bases = [], []
@@ -333,12 +344,12 @@ def test_every_run_compiles_warm_from_the_champions_base_and_writes_nothing_a_la
         log = (run_dir / "run.log").read_text()
         assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
         compile_seconds.append(float(re.search(r"^training=\S+ compile=([\d.]+)s", log, re.M).group(1)))
+        assert compiled_warm(log), (n, compile_seconds, re.findall(r"^caches: .*$", log, re.M))  # the first too
         assert not (run_dir / "compile").exists()  # the private copy is gone
         bases.append(compiled.state(next(p for p in compiled.root(cache).iterdir() if p.is_dir())))
     assert "compile phase for" in out.stdout or (compiled.root(cache)).exists()
     [record] = [json.loads(p.read_text()) for p in compiled.root(cache).glob("*.done")]  # one champion, one phase
-    assert record["ok"] and record["seconds"] > max(compile_seconds), (record, compile_seconds)
-    assert max(compile_seconds) < 15, compile_seconds  # warm both times, the first run too
+    assert record["ok"], record
     assert bases[0] == bases[1] and any("fxgraph" in p for p in bases[0]) and any("headers" in p for p in bases[0])
 
 
@@ -365,7 +376,6 @@ def test_two_tags_with_different_threads_per_run_on_one_data_cache_both_start_wa
     get their own base and compile phase, and the run's log names the base. One tag at this machine's cores, one
     pinned to a single core (1 thread per run, as each run of `--workers 2` on 2 cores); then `clean` keeps both
     bases and deletes an old-layout one (named by the configuration alone)."""
-    import ast
     import shutil
 
     from autoresearch import compiled
@@ -375,17 +385,11 @@ def test_two_tags_with_different_threads_per_run_on_one_data_cache_both_start_wa
         pytest.skip("needs 2 cores: the two tags' threads per run must differ")
     cache = tmp_path / "cache"  # a data cache of its own, so its compile cache starts empty
     shutil.copytree(small_cache, cache)
-    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion",
-               AUTORESEARCH_OUTSIDE_ALLOWANCE="120")  # a warm first step takes 4-7 s, beyond the 2 s budget
+    # the env fixture's STALL_ROOM outside the 2 s budget: a warm first step takes 4-7 s
+    env = dict(env, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_COMPILE_CACHE="champion")
     # one block, not 4: less to compile (this test took 247 s at 4 blocks, 193 s at 1, on a shared 2-core machine)
     source = set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True, "DEPTH": 1}, "cpu")
-    ending = 'if __name__ == "__main__":\n    main()\n'
-    # inductor's own count of its cache hits and misses, in the log: warm or cold whatever the machine's load (warm
-    # first steps took 5-17 s here as a neighbour's tests came and went; the cold one this test caught, 62 s)
-    (repo / "train.py").write_text(source.replace(ending, ending + (
-        "    from torch._dynamo.utils import counters\n"
-        "    print('caches:', {k: v for c in ('inductor', 'aot_autograd') for k, v in counters[c].items() "
-        "if 'cache' in k}, flush=True)\n"), 1))
+    (repo / "train.py").write_text(with_cache_counters(source))
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
 
     def cli_on(pin, *args):  # the real CLI, on all cores or pinned to one (machine.hardware counts the affinity)
@@ -401,10 +405,9 @@ def test_two_tags_with_different_threads_per_run_on_one_data_cache_both_start_wa
         run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
         logs[tag] = (run_dir / "run.log").read_text()
         first_steps[tag] = float(re.search(r"^training=\S+ compile=([\d.]+)s", logs[tag], re.M).group(1))
-        caches[tag] = ast.literal_eval(re.search(r"^caches: (.*)$", logs[tag], re.M).group(1))
+        caches[tag] = re.search(r"^caches: .*$", logs[tag], re.M)
     # warm both: every graph from its base, none compiled in the budget (keyed by configuration alone: narrow missed)
-    assert all(any("hit" in k and v for k, v in c.items()) and not any("miss" in k and v for k, v in c.items())
-               for c in caches.values()), (caches, first_steps)
+    assert all(compiled_warm(log) for log in logs.values()), (caches, first_steps)
     assert f"threads={len(cores)}" in logs["wide"] and "threads=1" in logs["narrow"]
     records = {p.name.removesuffix(".done"): json.loads(p.read_text()) for p in compiled.root(cache).glob("*.done")}
     assert len(records) == 2 and all(r["ok"] for r in records.values()), records  # a phase per thread count

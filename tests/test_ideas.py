@@ -88,6 +88,7 @@ TRAIN_TWO_STEPS = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_one_variant_of_each_idea_and_all_of_them_composed_train_two_steps_and_export(small_cache, tmp_path):
     from conftest import eager_train_source
     base = eager_train_source()

@@ -23,6 +23,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from redteam import attack  # noqa: E402
 
 
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
+
 def run_attack(repo, env, source, sandbox="off", message="attack"):
     """Set up a tag, commit nothing else, run `source` as train.py. Returns (process, the one row)."""
     assert cli(repo, "setup", "--tag", "t", "--sandbox", sandbox, env=env).returncode == 0

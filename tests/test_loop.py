@@ -14,7 +14,7 @@ import pytest
 
 from autoresearch import ledger, record, tags
 from autoresearch.edit import EditError, read_constants, set_constants
-from conftest import ROOT, cli, sh
+from conftest import ROOT, STALL_ROOM, cli, sh
 from test_harness import rows
 
 # --- editing constants -----------------------------------------------------------------------
@@ -69,6 +69,7 @@ def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tm
 # --- the loop end to end ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     """The built-in proposer's night, under the naive rule (one run per experiment: the stat rule's series, through
     both loops, are tests/test_schedule.py's and test_harness's)."""
@@ -108,6 +109,7 @@ AGENT = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
     agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky --stop"
@@ -131,6 +133,7 @@ def test_missing_agent_binary_is_a_clear_error(repo, env):
 # --- report ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_writes_a_png_and_a_summary(tmp_path):
     path = tmp_path / "results.tsv"
     ledger.create(path)
@@ -157,6 +160,7 @@ def test_report_writes_a_png_and_a_summary(tmp_path):
     assert "held-out test_bpb 2.120000 -> 2.070000 (+0.050000)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     slow = dict(env, AUTORESEARCH_TIME_BUDGET="60")
     # SIGINT as a terminal's Ctrl-C delivers it: a runner started in the background by a shell without job control
@@ -170,7 +174,7 @@ def test_ctrl_c_records_the_experiment_in_flight(repo, env):
                                                   for p in (repo / ".autoresearch" / "runs").glob("*/run.log")):
             time.sleep(0.2)
         loop.send_signal(signal.SIGINT)
-        out, _ = loop.communicate(timeout=60)
+        out, _ = loop.communicate(timeout=STALL_ROOM)
     finally:  # never leave a 60 s training running beside the tests that follow
         if loop.poll() is None:
             loop.kill()
@@ -185,6 +189,7 @@ def test_ctrl_c_records_the_experiment_in_flight(repo, env):
     assert "loop on autoresearch/cc" in out.stdout and "new tag" not in out.stdout and len(rows(repo)) == 1
 
 
+@pytest.mark.slow
 def test_report_shows_the_noise_and_repeated_configurations(repo):
     """Runs of the same train.py (the same git blob) are one configuration: mean +- sem with the pooled noise."""
     base = sh(repo, "git", "rev-parse", "--short=7", "HEAD")

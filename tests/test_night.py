@@ -97,6 +97,7 @@ def test_a_package_hidden_behind_its_own_ignore_rule_is_found(tmp_path):
 # --- next to a running loop: the stop button, a report, `git status`, a venv in the clone ----------------------
 
 
+@pytest.mark.slow
 def test_the_stop_button_a_report_and_a_venv_next_to_a_real_run(repo, env):
     """The loop runs its second experiment; meanwhile someone presses the dashboard's stop button in a browser,
     runs `autoresearch report` and `git status` in a second terminal, and the clone has a .venv with a FIFO in
@@ -146,6 +147,7 @@ def _venv(repo):
 # --- the sandbox wherever the interpreter lives -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip):
     """The sandbox's /tmp is private: a venv there, and a PYTHONPATH entry there that train.py imports from, must
     be mounted into it."""
@@ -181,6 +183,7 @@ def test_the_wait_threshold_scales_with_the_cores(monkeypatch):
         machine_load.limit(2)
 
 
+@pytest.mark.slow
 def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
     """A process keeps a core busy: the loop says so (and `status` too), waits, and runs once it is gone. With
     AUTORESEARCH_LOAD_WAIT=1 each wait gives up after a second, and the loop waits again instead of ending."""
@@ -215,6 +218,7 @@ def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
 # --- the morning: exit codes, best, sample, clean, stop, and an agent's detached run ------------------------
 
 
+@pytest.mark.slow
 def test_every_command_checks_its_environment_and_exit_codes_say_what_happened(repo, env):
     out = cli(repo, "--version", env=env)
     assert out.returncode == 0 and out.stdout.startswith("autoresearch 0.")
@@ -239,6 +243,7 @@ def test_every_command_checks_its_environment_and_exit_codes_say_what_happened(r
     assert out.returncode == 1 and "only train.py may be edited" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_crash_names_its_commit_and_the_command_that_brings_it_back(repo, env):
     assert cli(repo, "setup", "--tag", "c", "--decision", "naive", env=env).returncode == 0
     broken = (repo / "train.py").read_text().replace("\nimport torch\n", "\nimport torch\nraise SystemExit('typo here')\n", 1)
@@ -253,14 +258,13 @@ def test_a_crash_names_its_commit_and_the_command_that_brings_it_back(repo, env)
     assert (repo / "train.py").read_text() == broken
 
 
+@pytest.mark.slow
 def test_an_agent_detaches_a_run_waits_for_it_and_the_morning_commands_show_the_result(repo, env):
     """The stat baseline (three runs) in the background; `wait` in steps; then `best`, `sample` and `clean`."""
     assert cli(repo, "setup", "--tag", "d", env=env).returncode == 0
-    t0 = time.time()
     out = cli(repo, "run", "-m", "baseline", "--detach", env=env)
     assert out.returncode == 0 and "started in the background" in out.stdout, out.stdout + out.stderr
-    assert time.time() - t0 < 60  # it returned, it did not run the experiment
-    out = cli(repo, "wait", "--timeout", "1", env=env)
+    out = cli(repo, "wait", "--timeout", "1", env=env)  # still running: `run --detach` returned before it
     assert out.returncode == 3 and "still running: `autoresearch run`" in out.stdout
     out = cli(repo, "wait", "--timeout", "600", env=env, timeout=700)
     assert out.returncode == 0, out.stdout
@@ -291,6 +295,7 @@ def test_an_agent_detaches_a_run_waits_for_it_and_the_morning_commands_show_the_
     assert len(ledger.read(repo / "results.tsv")) == 3 and cli(repo, "best", env=env).stdout == best.stdout
 
 
+@pytest.mark.slow
 def test_the_loop_gives_its_agent_the_rules_and_one_instruction_not_the_cli_driver_s_manual(repo, env):
     from autoresearch import agents
     shutil.copy(ROOT / "program.md", repo / "program.md")
@@ -334,6 +339,7 @@ def test_an_unsandboxed_run_cannot_slip_past_the_guard(tmp_path):
     assert "fsmonitor" not in (repo / ".git" / "config").read_text()
 
 
+@pytest.mark.slow
 def test_an_agent_that_edits_the_record_is_restored_and_named(repo, env, tmp_path, monkeypatch):
     from autoresearch import agents
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET"):

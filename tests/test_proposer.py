@@ -43,6 +43,7 @@ def researcher(repo, seed=0):
     return proposer.Researcher(repo, "p", "cpu", SEQ, seed)
 
 
+@pytest.mark.slow
 def test_planted_regressions_are_undone_first_then_a_kept_step_is_taken_again(repo, tag):
     """A train.py with a worse activation, no QK-norm and a detuned learning rate: the researcher's first moves
     restore the public record's choices, one per experiment; a kept learning-rate step is followed by the next."""
@@ -66,6 +67,7 @@ def test_planted_regressions_are_undone_first_then_a_kept_step_is_taken_again(re
     assert description == "MATRIX_LR 0.02 -> 0.04" and read_constants(new)["MATRIX_LR"] == 0.04
 
 
+@pytest.mark.slow
 def test_no_train_py_twice_no_crashed_variant_again_and_parallel_proposals_differ(repo, tag):
     source = (repo / "train.py").read_text()
     run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
@@ -101,6 +103,7 @@ def test_no_train_py_twice_no_crashed_variant_again_and_parallel_proposals_diffe
     assert len({proposer.parse_move(d)[0] for d in flight}) == 3, flight
 
 
+@pytest.mark.slow
 def test_arms_that_pay_are_drawn_more_often_than_arms_that_failed(repo, tag):
     """After every arm failed twice but one that was kept twice, that arm is drawn far more often than one in
     thirty-odd (the arms' count), over many draws."""
@@ -140,6 +143,7 @@ def test_descriptions_read_back_whatever_the_harness_appended():
     assert proposer.parse_move("made the model wider") == ("", {})
 
 
+@pytest.mark.slow
 def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
     source = (repo / "train.py").read_text()
     run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
@@ -155,6 +159,7 @@ def test_history_reads_moves_effects_and_outcomes_from_the_ledger(repo, tag):
     assert past[2].parent == past[0].config == git.blob_of(source)
 
 
+@pytest.mark.slow
 def test_the_agent_s_prompt_and_autoresearch_ideas_show_what_was_tried_and_what_the_catalog_offers(repo, tag, env):
     from autoresearch import agents
     from conftest import cli

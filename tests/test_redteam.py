@@ -12,6 +12,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import redteam  # noqa: E402
 
 
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
+
 @pytest.mark.parametrize("attack", redteam.ATTACKS, ids=[a.name for a in redteam.ATTACKS])
 def test_the_attack_is_caught(attack, small_cache, env, tmp_path, bwrap_or_skip):
     if attack.bwrap:

@@ -11,6 +11,7 @@ import re
 import sys
 from types import SimpleNamespace
 
+import pytest
 
 from autoresearch import decide, execute, ledger, loop, record, schedule, state, supervise, tags
 from autoresearch.ledger import Row
@@ -216,6 +217,7 @@ def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
     return ledger.read(state.results(repo), "night")
 
 
+@pytest.mark.slow
 def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo, env, tmp_path, monkeypatch):
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_COMPILE_CACHE",
                 "AUTORESEARCH_LOAD_LIMIT"):

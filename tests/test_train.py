@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import prepare
 from autoresearch.edit import read_constants
-from conftest import ROOT, eager_train_source
+from conftest import ROOT, STALL_ROOM, eager_train_source
+
+pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
 def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None = None, prepare_suffix: str = ""):
     work = tmp_path / "work"
@@ -50,9 +53,9 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     assert result["dtype"] == ("bfloat16" if bf16 >= 2 * fp32 else "float32"), reason.group(0)
     steps_tokens = read_constants(eager_train_source(), "cpu")["TOTAL_BATCH_SIZE"]
     assert result["seed"] == 42 and result["total_tokens"] == result["num_steps"] * steps_tokens
-    # the budget is honoured: training stops at the first step that ends past it
-    step_time = (result["training_seconds"] - result["compile_seconds"]) / max(result["num_steps"] - 1, 1)
-    assert budget <= result["training_seconds"] <= budget + 3 * step_time + 0.2
+    # the budget is honoured: training stops at the first step that ends past it (a stalled machine makes that
+    # step as long as the stall: the bound is STALL_ROOM, and the harness's own clock has its tests)
+    assert budget <= result["training_seconds"] <= budget + STALL_ROOM
     assert result["startup_seconds"] > 0 and result["eval_seconds"] > 0 and 0 < result["mfu_percent"] < 100
     assert prepare.check_result(result) == [] and "export_error" not in result
     # the model learned: better than uniform guessing over the vocabulary
