@@ -6,6 +6,7 @@ import json
 import math
 import random
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +295,26 @@ def test_the_request_is_the_evaluators_whole_input():
     request = evaluate.Request("/r/out", "bfloat16", "cpu", 1.25, float("inf"), 7, 70)
     assert evaluate.parse(["--prepare-dir", "/p", *request.argv()])[1] == evaluate.Request(
         "/r/out", "bfloat16", "cpu", 1.25, 1e308, 7, 70)
+
+
+def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
+    """`python -I` drops PYTHONPATH: the evaluator of a harness whose packages come through it crashed on every
+    run. The harness passes its PYTHONPATH on the command line (--path). Shown with the base interpreter, whose
+    own site-packages lack torch, and this one's packages on PYTHONPATH: the evaluator gets as far as the run's
+    (missing) files."""
+    import os
+    import site
+    import subprocess
+    import sys
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    if not base.exists() or subprocess.run([str(base), "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("needs a base Python without torch (a venv's base): here the packages are the interpreter's own")
+    packages = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
+    code = ("import json, sys; from pathlib import Path; from autoresearch import evaluate; "
+            "r = evaluate.Request(sys.argv[1], 'float32', 'cpu', 1.0); "
+            "print(json.dumps(evaluate.run_evaluation((Path(sys.argv[2]) / 'prepare.py').read_bytes(), "
+            "Path(sys.argv[1]), r, 120)))")
+    proc = subprocess.run([str(base), "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=packages), timeout=300)
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "no exported model" in out.get("error", ""), out
