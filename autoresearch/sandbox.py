@@ -84,7 +84,7 @@ def bwrap_works() -> bool:
     if exe is None:
         return False
     try:
-        proc = subprocess.run([*_base(), "--", sys.executable, "-c", "pass"], capture_output=True, timeout=30)
+        proc = subprocess.run([*empty_root(), "--", sys.executable, "-c", "pass"], capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -136,13 +136,20 @@ def python_dirs() -> list[Path]:
 # capability outside; bubblewrap gives it a user namespace itself where it needs one. Where root may not create
 # a user namespace, bwrap_works() is False: no sandbox rather than one that does not hold.
 CONFINED = ["--unshare-user", "--cap-drop", "ALL"] if os.geteuid() == 0 else ["--cap-drop", "ALL"]
+# What root's uid can still write without a capability: in a user namespace of root's, the sandbox's uid 0 is the
+# host's, and /proc's own permissions let the owner write kernel settings. /proc/sys/kernel/core_pattern set to
+# "|out/helper.sh" had the kernel run a script as host root, outside every namespace, at the next crash
+# (benchmarks/redteam.py, sysctl-escape). Every top-level /proc entry root may write is read-only in the sandbox.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "mtrr", "pressure", "acpi", "fs", "driver", "tty", "scsi")
 
 
-def _base() -> list[str]:
+def empty_root() -> list[str]:
     """An empty root with the system and Python read-only, /dev, /proc, a private /tmp; no network, no other
     process visible, no capability, dead with its parent."""
     args = ["bwrap", *CONFINED, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc",
             "--unshare-uts", "--dev-bind", "/dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for entry in PROC_READ_ONLY:
+        args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(d), d]
@@ -161,7 +168,7 @@ def _finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:
 def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict) -> list[str]:
     """The training's sandbox: train.py and prepare.py at their paths, the view and the training files
     read-only, out/ and the compile cache's private copy writable."""
-    args = _base()
+    args = empty_root()
     for name in ("train.py", "prepare.py"):
         args += ["--ro-bind", str(repo / name), str(repo / name)]
     args += ["--ro-bind", str(run_dir / VIEW_DIR), str(run_dir / VIEW_DIR)]
@@ -181,7 +188,7 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
 def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> list[str]:
     """The evaluator's sandbox: its private directory (evaluate.py, the clean prepare.py), the data cache and the
     run's out/, all read-only; it answers on its stdout."""
-    args = _base()
+    args = empty_root()
     for path in (private, cache.resolve(), out):
         args += ["--ro-bind", str(path), str(path)]
     return _finish(args, private, argv)
@@ -190,7 +197,7 @@ def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> li
 def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
     """The compile phase's sandbox: its working directory (train.py, prepare.py, a view without token files)
     read-only, the compile cache it fills writable."""
-    args = _base() + ["--ro-bind", str(workdir), str(workdir), "--bind", str(base), str(base),
+    args = empty_root() + ["--ro-bind", str(workdir), str(workdir), "--bind", str(base), str(base),
                       "--bind", str(base / "headers"), inductor_default_dir()]
     return _finish(args, workdir, argv)
 
@@ -203,6 +210,8 @@ def wrap_agent(argv: list[str], cache: Path, manifest: dict) -> list[str]:
     compile cache and the machine's measurements are read-only."""
     cache = cache.resolve()
     args = ["bwrap", *CONFINED, "--dev-bind", "/", "/", "--die-with-parent", "--tmpfs", str(cache)]
+    for entry in PROC_READ_ONLY:
+        args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     for name in ("manifest.json", "tokenizer.json"):
         args += ["--ro-bind", str(cache / name), str(cache / name)]
     for rel in training_files(manifest):

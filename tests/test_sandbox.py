@@ -1,5 +1,6 @@
 """The sandbox holds whoever starts it, root included (CI runs as root): what runs inside holds no capability,
-so it cannot open a file by handle outside its mounts, mount or remount, or see a held-out file. Fast: one
+so it cannot open a file by handle outside its mounts, mount or remount, or see a held-out file; and what root's
+uid may still write without a capability (kernel settings in /proc/sys) is read-only. Fast: one
 bubblewrap start each, no training."""
 
 import json
@@ -25,6 +26,12 @@ out["mount"] = "mounted" if got == 0 else os.strerror(ctypes.get_errno())
 got = libc.mount(None, b"/usr", None, 32 | 4096, None)  # MS_REMOUNT | MS_BIND, read-write
 out["remount"] = "remounted" if got == 0 else os.strerror(ctypes.get_errno())
 out["held_out_visible"] = os.path.exists(sys.argv[3])
+try:  # the same value back: harmless if it goes through
+    pattern = open("/proc/sys/kernel/core_pattern").read()
+    open("/proc/sys/kernel/core_pattern", "w").write(pattern)
+    out["core_pattern"] = "written"
+except OSError as e:
+    out["core_pattern"] = e.strerror
 print(json.dumps(out))
 '''
 
@@ -34,14 +41,14 @@ def test_inside_the_sandbox_nothing_has_a_capability(tmp_path, bwrap_or_skip):
     visible, held_out = tmp_path / "train.bin", tmp_path / "val.bin"
     visible.write_text("train")
     held_out.write_text("secret")
-    argv = [*sandbox._base(), "--ro-bind", str(visible), str(visible), "--",
+    argv = [*sandbox.empty_root(), "--ro-bind", str(visible), str(visible), "--",
             sys.executable, "-c", PROBE, str(visible), str(os.stat(held_out).st_ino), str(held_out)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen == {"caps": "0000000000000000", "by_handle": "Operation not permitted",
                     "mount": "Operation not permitted", "remount": "Operation not permitted",
-                    "held_out_visible": False}, seen
+                    "held_out_visible": False, "core_pattern": "Read-only file system"}, seen
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="what root keeps without a user namespace: only root can show it")
@@ -52,7 +59,7 @@ def test_as_root_a_sandbox_without_a_user_namespace_would_not_hold(tmp_path, bwr
     visible, held_out = tmp_path / "train.bin", tmp_path / "val.bin"
     visible.write_text("train")
     held_out.write_text("secret")
-    base = [a for a in sandbox._base() if a not in sandbox.CONFINED]
+    base = [a for a in sandbox.empty_root() if a not in sandbox.CONFINED]
     argv = [*base, "--ro-bind", str(visible), str(visible), "--",
             sys.executable, "-c", PROBE, str(visible), str(os.stat(held_out).st_ino), str(held_out)]
     seen = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
