@@ -17,6 +17,7 @@ it (docs/integrity.md, the threat model).
 from __future__ import annotations
 
 import json
+import math
 import operator
 import os
 import re
@@ -490,7 +491,7 @@ class Request:
     check_bpb: float
     test_below: float = float("inf")  # also score the test split (and audit deeper) when val_bpb is below this
     probes: int = CAUSAL_PROBES
-    audit_probes: int = AUDIT_PROBES
+    audit_probes: int = AUDIT_PROBES  # 0: no audit (this configuration was audited already)
 
     def argv(self) -> list[str]:
         return ["--run-dir", self.run_dir, "--dtype", self.dtype, "--device", self.device, "--check-bpb",
@@ -520,7 +521,7 @@ def evaluate(prepare, request: Request) -> dict:
     with torch.no_grad(), prepare.autocast_for(torch.device(device).type, dtype):
         try:
             check = prepare.check_rows(batch_size)
-            out["check_bpb"] = prepare.rows_bpb(forward, check, token_bytes, batch_size, device)
+            out["check_bpb"] = finite(prepare.rows_bpb(forward, check, token_bytes, batch_size, device), "check_bpb")
             if not abs(out["check_bpb"] - request.check_bpb) <= CHECK_TOLERANCE[dtype]:
                 raise Refused(f"the exported model does not reproduce train.py's: check_bpb {out['check_bpb']:.6f} "
                               f"(harness) vs {request.check_bpb:.6f} (train.py)")
@@ -533,19 +534,19 @@ def evaluate(prepare, request: Request) -> dict:
                 probes.record(logits)
                 return logits
 
-            out["val_bpb"] = prepare.rows_bpb(scored, val, token_bytes, batch_size, device)
+            out["val_bpb"] = finite(prepare.rows_bpb(scored, val, token_bytes, batch_size, device), "val_bpb")
             out["val_seconds"] = time.time() - t1
             t1 = time.time()
             tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
-            may_keep = out["val_bpb"] < request.test_below  # it may be kept: audited deeper, and the test scored
+            may_keep = out["val_bpb"] < request.test_below  # it may be kept: the test split is scored
+            out["audited"] = may_keep and request.audit_probes > request.probes  # and, once per configuration, audited
             out["causal_probes"] = probes.check(forward, tolerance,
-                                                max(request.probes, request.audit_probes) if may_keep else None)
-            out["audited"] = may_keep
+                                                request.audit_probes if out["audited"] else None)
             out["causal_seconds"] = time.time() - t1
             if may_keep:
-                out["test_bpb"] = prepare.rows_bpb(forward, prepare.evaluation_rows("test"), token_bytes,
-                                                   batch_size, device)
-        except (Refused, prepare.PrepareError):
+                out["test_bpb"] = finite(prepare.rows_bpb(forward, prepare.evaluation_rows("test"), token_bytes,
+                                                          batch_size, device), "test_bpb")
+        except (Refused, Broken, prepare.PrepareError):
             raise
         except MemoryError:
             raise Broken("the exported model needs more memory than the evaluator may use "
@@ -557,6 +558,14 @@ def evaluate(prepare, request: Request) -> dict:
             raise Broken(f"the exported model failed to run ({type(e).__name__}: {str(e)[:500]})") from None
     out["seconds"] = time.time() - t0
     return out
+
+
+def finite(bpb: float, what: str) -> float:
+    """A score, if it is a number: NaN logits at one unprobed position made val_bpb NaN, which compared as
+    neither better nor worse and was kept (benchmarks/redteam.py, nan-last-position)."""
+    if not math.isfinite(bpb):
+        raise Broken(f"the exported model's {what} is {bpb}: its logits are not finite on some row")
+    return bpb
 
 
 def memory_limit() -> int:

@@ -160,13 +160,21 @@ class Worker:
         state.atomic_json(pending_path, pending)
         base = None
         if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
-            base = compiled.ensure_base(self.fixed.cache, job["champion"], self.config, job["champion_source"],
-                                        self.fixed.source, self.fixed.manifest, self.protection, log=lambda *a: None)
+            try:
+                base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
+                    self.fixed.cache, job["champion"], self.config, job["champion_source"], self.fixed.source,
+                    self.fixed.manifest, self.protection, log=lambda *a: None))
+            except compiled.Tampered as e:
+                pending_path.unlink(missing_ok=True)
+                return dict(where, status="refused", reason=str(e), result=None, evaluation={},
+                            training=asdict(supervise.Training(None, False, None, 0.0)), log="",
+                            run_dir=str(run_dir), started=time.time())
         started = time.time()
         ex = execute.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
                          self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
                          compile_base=base,
-                         prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None)
+                         prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None,
+                         audit=job.get("audit", True))
         threshold = job.get("test_threshold")
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
