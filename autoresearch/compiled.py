@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch import machine, sandbox, tags
+from autoresearch import guard, machine, processes, sandbox, tags
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
                       # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
@@ -129,12 +129,15 @@ def _fill(cache: Path, name: str, base: Path, train_source: str, prepare_source:
             argv = sandbox.wrap_compile_phase(argv, work, base)
         log(f"compile phase for base {name} (no data, outside the budget): filling the compile cache")
         t0 = time.time()
+        processes.become_subreaper()  # what the phase starts stays in this tree, and ends with it
         try:
             proc = subprocess.run(argv, cwd=work, env=phase_env(view, base, threads), capture_output=True, text=True,
                                   timeout=PHASE_TIMEOUT, stdin=subprocess.DEVNULL)
             ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
         except subprocess.TimeoutExpired:
             ok, tail = False, f"timed out after {PHASE_TIMEOUT} s"
+        if processes.end_descendants():
+            ok, tail = False, "a process it started could not be ended"
         seconds = time.time() - t0
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
             log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
@@ -179,6 +182,29 @@ def state(base: Path) -> dict:
             st = os.lstat(os.path.join(top, name))
             out[os.path.relpath(os.path.join(top, name), base)] = (st.st_size, st.st_mtime_ns, st.st_ino)
     return out
+
+
+class Tampered(Exception):
+    """A compile phase without the sandbox changed the repository (the champion's train.py ran as you)."""
+
+
+def watched(repo: Path, protection: str, fill) -> Path:
+    """fill() (an ensure_base call), with the repository watched like a training when there is no sandbox: a
+    compile phase runs the champion's train.py, and one rewrote the tag's allowance for every later run
+    (benchmarks/redteam.py, compile-phase-unguarded). Tampered, the changes undone and the base thrown away."""
+    if protection == "bwrap":
+        return fill()
+    watch = guard.Guard(repo, exclude=[])
+    base = fill()
+    changed = watch.changes()
+    if changed:
+        lost = watch.restore()
+        (base.parent / f"{base.name}.done").unlink(missing_ok=True)
+        shutil.rmtree(base, ignore_errors=True)
+        raise Tampered(f"the compile phase (the champion's train.py, run without a sandbox) changed files outside "
+                       f"its directory: {', '.join(changed[:5])} (restored{'' if not lost else ', but not ' + ', '.join(lost[:3])}; "
+                       "its compile cache thrown away)")
+    return base
 
 
 def discard(cache: Path, name: str) -> None:

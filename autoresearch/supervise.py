@@ -158,6 +158,7 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
             if now - start > timeout:
                 timed_out = True
                 break
+            processes.reap_zombies(keep={proc.pid})
             tree = [i for i in processes.descendants() if i not in known]
             if tree:
                 known += tree
@@ -173,7 +174,9 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
         # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
         # result.json written at once buys no time.
         done_after = time.time() - start
-        cpu_at_done = machine_load.tree_cpu_seconds(known)
+        processes.reap_zombies(keep={proc.pid} if proc.returncode is None else ())
+        # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
+        cpu_at_done = machine_load.tree_cpu_seconds(known) + (children_cpu() - children_before)
         known += [i for i in processes.descendants() if i not in known]
         processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
@@ -188,7 +191,7 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
     rewritten = [name for name in final if written is not None and final[name] != written[name]]
     return Training(None if timed_out or pruned else proc.returncode, timed_out, result_after, wall, cpu_at_result,
                     round(meter.others(tree_cpu), 3), len(survivors), done_after,
-                    max(cpu_at_done or 0.0, 0.0) or tree_cpu, rewritten, pruned)
+                    max(cpu_at_done, 0.0) or tree_cpu, rewritten, pruned)
 
 
 def children_cpu() -> float:
