@@ -8,10 +8,9 @@ train.py's own score on the fixed check rows, scores the validation rows, and ch
 (later tokens never change an earlier position's scored log-probability), deeper for a run that may be kept,
 whose test rows it also scores. It prints one JSON object.
 
-This file is both the script and the harness's way to call it (run_evaluation); it imports nothing of the
-autoresearch package, so it runs the same from any directory. The harness starts it only after the training's
-whole process tree has ended, with its arguments on its command line: nothing the training could reach feeds
-it (docs/integrity.md, the threat model).
+This file is both the script and the harness's way to call it (Evaluator, run_evaluation); it imports nothing
+of the autoresearch package, so it runs the same from any directory. Nothing the training could reach feeds it
+(Evaluator says how, in each mode; docs/integrity.md, the threat model).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # How far the harness's score of the exported model may be from train.py's score of the live model on the
@@ -575,17 +574,19 @@ def memory_limit() -> int:
 
 
 def parse(argv: list[str]):
-    """The script's arguments: (the parsed namespace, the Request)."""
+    """The script's arguments: (the parsed namespace, the Request; None with --wait, which reads it later)."""
     import argparse
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--prepare-dir", required=True, help="a directory holding the clean prepare.py alone")
     parser.add_argument("--path", action="append", default=[],
                         help="a directory of packages to import from (the harness's PYTHONPATH; -I drops it)")
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--dtype", required=True)
+    parser.add_argument("--wait", action="store_true", help="import everything, then read the Request as one JSON "
+                        "line from stdin (only in a sandbox whose training cannot reach this process)")
+    parser.add_argument("--run-dir")
+    parser.add_argument("--dtype")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--check-bpb", type=float, required=True)
+    parser.add_argument("--check-bpb", type=float)
     parser.add_argument("--test-below", type=float, default=float("inf"),
                         help="also score the test split, and audit deeper, when val_bpb is below this")
     parser.add_argument("--causal-probes", type=int, default=CAUSAL_PROBES,
@@ -593,18 +594,37 @@ def parse(argv: list[str]):
     parser.add_argument("--audit-probes", type=int, default=AUDIT_PROBES,
                         help="probes when val_bpb is below --test-below (a run that may be kept)")
     args = parser.parse_args(argv)
+    if args.wait:
+        return args, None
+    if args.run_dir is None or args.dtype is None or args.check_bpb is None:
+        parser.error("--run-dir, --dtype and --check-bpb are required (or --wait)")
     return args, Request(args.run_dir, args.dtype, args.device, args.check_bpb, args.test_below, args.causal_probes,
                          args.audit_probes)
 
 
 def main(argv: list[str]) -> int:
     args, request = parse(argv)
+    sys.path[:0] = [args.prepare_dir]
+    sys.path += args.path
+    if args.wait:  # importing beside a training that starts: yield the cores to it. This process has its own
+        os.nice(19)  # session, hence its own autogroup where Linux has them, and nice only counts within one:
+        try:         # the autogroup's nice too (a bf16 matmul next to it: 789 GFLOP/s, with it 1,900, alone 1,950)
+            with open("/proc/self/autogroup", "w") as f:
+                f.write("19")
+        except OSError:  # no autogroups (or not Linux): the plain nice is what counts
+            pass
+        import numpy  # noqa: F401  everything evaluate() and load_program() import, so that they find it loaded
+        import safetensors.torch  # noqa: F401
+        import torch  # noqa: F401
+        import torch._export.serde.serialize  # noqa: F401
+        line = sys.stdin.readline()
+        if not line:  # the harness needs no evaluation (the run crashed) or is gone
+            return 0
+        request = Request(**json.loads(line))
     if request.device == "cpu":  # CUDA reserves far more address space than it uses: bounded on a CPU only
         import resource
         limit = memory_limit()
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    sys.path[:0] = [args.prepare_dir]
-    sys.path += args.path
     import prepare
     try:
         if request.dtype not in CHECK_TOLERANCE:
@@ -622,54 +642,79 @@ def main(argv: list[str]) -> int:
 # --- the harness side --------------------------------------------------------------------------------------
 
 
-def run_evaluation(prepare_source: bytes, cache: Path, request: Request, timeout: float,
-                   protection: str = "none", on_start=None) -> dict:
-    """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, on the
-    finished run `request` names. Its JSON: val_bpb (and test_bpb, check_bpb, seconds), or refused / error with
-    a reason. on_start(pid) is called first, so that a harness killed meanwhile can be cleaned up after.
+class Evaluator:
+    """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, on the run
+    whose output directory is `out`; run() hands it the Request and returns its JSON: val_bpb (and test_bpb,
+    check_bpb, seconds), or refused / error with a reason. One run per Evaluator; close() ends it.
 
-    Call it only once the training's whole process tree has ended (supervise.py checks that none remains): the
-    evaluator's arguments are on its command line and its files are written now, into a new private directory,
-    so nothing the training could reach feeds it. Under protection "bwrap" it runs in its own sandbox
-    (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may write nothing, reach no
-    network, and see nothing but the data, its own two files and the run's out/."""
-    private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
-    try:
-        (private / "fixed").mkdir()
-        (private / "fixed" / "prepare.py").write_bytes(prepare_source)
-        script = private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
+    Nothing the training could reach feeds it (docs/integrity.md, the threat model). Without a sandbox it starts
+    in run(), once the training's whole process tree has ended (supervise.py), with the Request on its command
+    line: a training running as you could write into a process started earlier. Under protection "bwrap" it
+    starts at once (early): it imports torch (~2.7 s on 2 CPU cores) while the training starts, at the lowest
+    priority, then reads the Request on its stdin, which only the harness holds: the training's sandbox has its
+    own process namespace and no capability, so it cannot see this process, let alone write to it. There it
+    runs in its own sandbox (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may
+    write nothing, reach no network, and see nothing but the data, its own two files and `out`."""
+
+    def __init__(self, prepare_source: bytes, cache: Path, out: Path, protection: str = "none"):
+        self.cache, self.out, self.protection, self.proc = cache, out, protection, None
+        self.private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
+        (self.private / "fixed").mkdir()
+        (self.private / "fixed" / "prepare.py").write_bytes(prepare_source)
+        script = self.private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
         script.write_bytes(Path(__file__).read_bytes())
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTORESEARCH_"))}
-        env["AUTORESEARCH_CACHE"] = str(cache)
         # -I: no PYTHON* variables, no user site, no script directory on sys.path; -B: no bytecode written. The
         # fresh private directory has no __pycache__, so prepare is compiled from the clean source. The harness's
         # PYTHONPATH is passed as arguments (a Python whose packages come through it), never a repository's.
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                  if p and Path(p).is_dir() and not (Path(p) / "prepare.py").exists()]
-        argv = [sys.executable, "-I", "-B", str(script), "--prepare-dir", str(private / "fixed"), *request.argv()]
-        argv += [a for p in paths for a in ("--path", p)]
+        self.argv = [sys.executable, "-I", "-B", str(script), "--prepare-dir", str(self.private / "fixed"),
+                     *[a for p in paths for a in ("--path", p)]]
         if protection == "bwrap":
+            self._start(["--wait"])
+
+    def _start(self, args: list[str]) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTORESEARCH_"))}
+        env["AUTORESEARCH_CACHE"] = str(self.cache)
+        argv = self.argv + args
+        if self.protection == "bwrap":
             from autoresearch import sandbox  # the harness's side only: the script imports nothing of the package
-            argv = sandbox.wrap_evaluator(argv, private, cache, Path(request.run_dir))
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+            argv = sandbox.wrap_evaluator(argv, self.private, self.cache, self.out)
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.PIPE, start_new_session=True)
+
+    def run(self, request: Request, timeout: float, on_start=None) -> dict:
+        """Evaluate the finished run `request` names. Call it only once the training's whole process tree has
+        ended. on_start(pid) is called first, so that a harness killed meanwhile can be cleaned up after."""
+        early = self.proc is not None
+        if not early:
+            self._start(request.argv())
         try:
             if on_start:
-                on_start(proc.pid)
-            stdout, stderr = proc.communicate(timeout=timeout)
+                on_start(self.proc.pid)
+            stdout, stderr = self.proc.communicate(json.dumps(asdict(request)) + "\n" if early else None,
+                                                   timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"the evaluation took longer than {timeout:.0f} s"}
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    finally:
-        shutil.rmtree(private, ignore_errors=True)
-    lines = stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"error": f"the evaluation failed (exit {proc.returncode}): {stderr.strip()[-800:]}"}
+            self.close()
+        lines = stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            return {"error": f"the evaluation failed (exit {self.proc.returncode}): {stderr.strip()[-800:]}"}
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+        shutil.rmtree(self.private, ignore_errors=True)
+
+
+def run_evaluation(prepare_source: bytes, cache: Path, request: Request, timeout: float,
+                   protection: str = "none", on_start=None) -> dict:
+    """An Evaluator on the finished run `request` names, at once (Evaluator.run)."""
+    return Evaluator(prepare_source, cache, Path(request.run_dir), protection).run(request, timeout, on_start)
 
 
 if __name__ == "__main__":

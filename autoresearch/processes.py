@@ -78,11 +78,15 @@ def become_subreaper() -> bool:
         return False
 
 
-def descendants() -> list[list]:
-    """Identities of every live descendant of this process (zombies left out)."""
+def descendants(spare=()) -> list[list]:
+    """Identities of every live descendant of this process (zombies left out), less the subtrees rooted at the
+    pids in `spare` (an evaluator started early, in its own sandbox)."""
+    spare = set(spare)
     out = []
     for child in psutil.Process().children(recursive=True):
-        try:
+        try:  # by ancestry, checked per process: one forked in the spare tree a moment ago is still spare
+            if child.pid in spare or any(a.pid in spare for a in child.parents()):
+                continue
             if child.status() != psutil.STATUS_ZOMBIE:
                 out.append([child.pid, child.create_time()])
         except psutil.Error:
@@ -103,17 +107,17 @@ def reap_zombies(keep=()) -> None:
             continue
 
 
-def end_descendants(rounds: int = 5) -> list[list]:
-    """Kill every descendant of this process, in rounds: one forked while its parent was being killed is
-    re-parented here (become_subreaper) and found by the next round. Returns those still alive after the last
-    round: none, unless a process cannot be killed."""
-    left = descendants()
+def end_descendants(spare=(), rounds: int = 5) -> list[list]:
+    """Kill every descendant of this process but the `spare` subtrees, in rounds: one forked while its parent
+    was being killed is re-parented here (become_subreaper) and found by the next round. Returns those still
+    alive after the last round: none, unless a process cannot be killed."""
+    left = descendants(spare)
     for _ in range(rounds):
         if not left:
             break
         kill_all(left, grace=0.5)
         reap(left)
-        left = descendants()
+        left = descendants(spare)
     return left
 
 

@@ -113,13 +113,14 @@ class CappedLog:
 
 
 def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1,
+          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=(),
           prune=None) -> Training:
     """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
-    pending.json so that a later recovery can kill exactly those. Every descendant of this process is the
-    training's: it returns once all of them have ended, so that nothing of it runs beside the evaluation.
-    prune(elapsed, step_line) -> a reason to stop the training now (prune.py), or None."""
+    pending.json so that a later recovery can kill exactly those. Every descendant of this process but the
+    `spare` subtrees (an evaluator started early, in its own sandbox) is the training's: it returns once all of
+    them have ended, so that nothing of it runs beside the evaluation. prune(elapsed, step_line) -> a reason to
+    stop the training now (prune.py), or None."""
     out = run_dir / sandbox.OUT_DIR
     contract = fixed.contract()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
@@ -158,8 +159,8 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
             if now - start > timeout:
                 timed_out = True
                 break
-            processes.reap_zombies(keep={proc.pid})
-            tree = [i for i in processes.descendants() if i not in known]
+            processes.reap_zombies(keep={proc.pid, *spare})
+            tree = [i for i in processes.descendants(spare) if i not in known]
             if tree:
                 known += tree
                 state.atomic_json(pending_path, pending)
@@ -174,14 +175,14 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
         # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
         # result.json written at once buys no time.
         done_after = time.time() - start
-        processes.reap_zombies(keep={proc.pid} if proc.returncode is None else ())
+        processes.reap_zombies(keep={*spare, *([proc.pid] if proc.returncode is None else [])})
         # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
         cpu_at_done = machine_load.tree_cpu_seconds(known) + (children_cpu() - children_before)
-        known += [i for i in processes.descendants() if i not in known]
+        known += [i for i in processes.descendants(spare) if i not in known]
         processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
         proc.wait()
         processes.reap(known)
-        survivors = processes.end_descendants()  # forked while the tree was being killed: re-parented here
+        survivors = processes.end_descendants(spare)  # forked while the tree was being killed: re-parented here
         log.close()
     wall = time.time() - start
     tree_cpu = children_cpu() - children_before
