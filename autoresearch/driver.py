@@ -59,7 +59,6 @@ class Job:
     champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
     pruning: dict | None = None  # a candidate's first run: the champion's curves it is stopped against (prune.py,
                                  # run.pruning); not written to inflight/
-    audit: bool = True  # the evaluator's deeper audit if it may be a new best (record.audit_due)
 
 
 def keep_on_branch(repo: Path, job: Job) -> str:
@@ -171,7 +170,7 @@ class Driver:
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
                    git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False),
-                   asdict(reference) if reference is not None else None, record.audit_due(rows, config_id))
+                   asdict(reference) if reference is not None else None)
 
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""

@@ -44,9 +44,11 @@ CPU_CAUSAL_TOLERANCE = CAUSAL_TOLERANCE["float32"]
 # Probes of the causality check on the validation rows (CausalProbes): the smallest count that catches a model
 # reading the future at 1% of the positions with probability >= 0.99, ceil(log(0.01) / log(0.99)) = 459.
 CAUSAL_PROBES = 459
-# The deeper audit of a run that may be kept (its val_bpb below the champion's, so the test split is scored too):
-# catches a model reading the future at 0.1% of the positions with probability >= 0.99,
-# ceil(log(0.01) / log(0.999)) = 4603. Keeps are rare: it costs little per night (BENCHMARKS.md).
+# The deeper audit of every run that may be kept (its val_bpb below the champion's mean, so the test split is
+# scored too; every run while there is no champion): catches a model reading the future at 0.1% of the positions
+# with probability >= 0.99, ceil(log(0.01) / log(0.999)) = 4603. Every such run, whatever its seed: once per
+# configuration let a train.py honest on its first seed cheat on the others (redteam seed-dependent-audit). It
+# costs ~39 s on the cpu profile, on those runs only (BENCHMARKS.md).
 AUDIT_PROBES = 4603
 
 
@@ -490,7 +492,7 @@ class Request:
     check_bpb: float
     test_below: float = float("inf")  # also score the test split (and audit deeper) when val_bpb is below this
     probes: int = CAUSAL_PROBES
-    audit_probes: int = AUDIT_PROBES  # 0: no audit (this configuration was audited already)
+    audit_probes: int = AUDIT_PROBES
 
     def argv(self) -> list[str]:
         return ["--run-dir", self.run_dir, "--dtype", self.dtype, "--device", self.device, "--check-bpb",
@@ -538,7 +540,7 @@ def evaluate(prepare, request: Request) -> dict:
             t1 = time.time()
             tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
             may_keep = out["val_bpb"] < request.test_below  # it may be kept: the test split is scored
-            out["audited"] = may_keep and request.audit_probes > request.probes  # and, once per configuration, audited
+            out["audited"] = may_keep and request.audit_probes > request.probes  # and audited deeper, every such run
             out["causal_probes"] = probes.check(forward, tolerance,
                                                 request.audit_probes if out["audited"] else None)
             out["causal_seconds"] = time.time() - t1

@@ -33,13 +33,12 @@ class Execution:
 def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, pending_path: Path,
             protection: str, fixed_half: fixed.FixedHalf, timeout: float | None = None, on_progress=None,
             test_threshold: float | None = None, run_no: int = 1, compile_base: Path | None = None,
-            prune=None, audit: bool = True) -> Execution:
+            prune=None) -> Execution:
     """Train repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
     integrity checks) and evaluate the model it exported. Writes nothing but run_dir and pending; the caller
     records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy.
     compile_base: the compile cache the run gets a private copy of (compiled.py), None for none. prune: see
-    supervise.run_training (prune.py); a pruned run is checked for integrity like any other, and not evaluated.
-    audit: the deeper causality audit for a run below test_threshold (record.audit_due: once per configuration)."""
+    supervise.run_training (prune.py); a pruned run is checked for integrity like any other, and not evaluated."""
     clock, threads, budget = config["clock"], tags.threads_per_run(config), config["budget_s"]
     out = run_dir / sandbox.OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -134,8 +133,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 state.fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
             request = evaluate.Request(str(out), result["dtype"], result["device"], result["check_bpb"],
-                                       test_threshold if test_threshold is not None else float("inf"),
-                                       audit_probes=evaluate.AUDIT_PROBES if audit else 0)
+                                       test_threshold if test_threshold is not None else float("inf"))
             evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
             evaluation["outside_s"] = round(took - budget, 3)
             evaluation["allowance_s"] = allowance

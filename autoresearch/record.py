@@ -44,13 +44,6 @@ def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | N
     return best_row.val_bpb if best_row else None
 
 
-def audit_due(rows: list[ledger.Row], config_id: str) -> bool:
-    """Whether a run of this configuration that may be a new best gets the evaluator's deeper causality audit:
-    until one of its runs had it. Such a run is also scored on the test split, so a row with a test_bpb was
-    audited (the same code cheats, or not, on every run: one audit at 0.99 for f = 0.1% covers its repeats)."""
-    return not any(r.key == config_id and r.test_bpb is not None for r in rows)
-
-
 def judge(rows, rule, series, champ_row, config_id, seed, val_bpb, best_before,
           cold: bool = False) -> tuple[str, dict]:
     """The status of a finished run (configuration config_id, seed, val_bpb) and the statistics its row carries

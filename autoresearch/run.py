@@ -112,8 +112,7 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     ex = execute.execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed_half, timeout=timeout,
                          on_progress=on_progress, test_threshold=record.test_threshold(rows, config, rule),
                          run_no=series.runs + 1 if series else 1, compile_base=base,
-                         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None),
-                         audit=record.audit_due(rows, config_id))
+                         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None))
     if base is not None:
         record.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,

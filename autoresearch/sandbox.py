@@ -143,11 +143,22 @@ CONFINED = ["--unshare-user", "--cap-drop", "ALL"] if os.geteuid() == 0 else ["-
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "mtrr", "pressure", "acpi", "fs", "driver", "tty", "scsi")
 
 
+def gpu_devices() -> list[str]:
+    """The device nodes a GPU's driver needs (NVIDIA's, and /dev/dri), where they exist: the only host devices a
+    sandbox gets besides bubblewrap's own minimal /dev (null, zero, full, random, urandom, tty). With the host's
+    whole /dev, the sandbox's uid 0 (root's) opened /dev/loop0 by its owner bits and attached a file of out/ to
+    it: global kernel state, read back by the next run (benchmarks/redteam.py, loop-device-carry)."""
+    import glob
+    return sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dri"))
+
+
 def empty_root() -> list[str]:
     """An empty root with the system and Python read-only, /dev, /proc, a private /tmp; no network, no other
     process visible, no capability, dead with its parent."""
     args = ["bwrap", *CONFINED, "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--dev-bind", "/dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+            "--unshare-uts", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for node in gpu_devices():
+        args += ["--dev-bind", node, node]
     for entry in PROC_READ_ONLY:
         args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     for d in SYSTEM_DIRS:
