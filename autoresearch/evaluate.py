@@ -679,9 +679,12 @@ class Evaluator:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AUTORESEARCH_"))}
         env["AUTORESEARCH_CACHE"] = str(self.cache)
         argv = self.argv + args
+        from autoresearch import processes, sandbox  # the harness's side only: the script imports none of them
         if self.protection == "bwrap":
-            from autoresearch import sandbox  # the harness's side only: the script imports nothing of the package
             argv = sandbox.wrap_evaluator(argv, self.private, self.cache, self.out)
+        # dead with the harness from its first instruction: the script's own prctl comes after Python's start-up,
+        # and a harness killed in between left it running (benchmarks/faults.py, a kill while evaluating)
+        argv = processes.tied_to_parent(argv)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.PIPE, start_new_session=True)
 
