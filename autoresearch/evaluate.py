@@ -461,7 +461,10 @@ class CausalProbes:
         count = self.probes if probes is None else probes
         if t < 2:
             return 0
-        picks = [(int(self.rng.integers(n_rows)), int(self.rng.integers(1, t))) for _ in range(count)]
+        if count >= n_rows * (t - 1):  # as many as there are (row, j) pairs: each once, a certain verdict for less
+            picks = [(r, j) for r in range(n_rows) for j in range(1, t)]
+        else:
+            picks = [(int(self.rng.integers(n_rows)), int(self.rng.integers(1, t))) for _ in range(count)]
         for start in range(0, len(picks), self.batch_size):
             chunk = picks[start:start + self.batch_size]
             x = torch.from_numpy(self.np.stack([self.rows[r, :-1] for r, _ in chunk]))

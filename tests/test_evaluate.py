@@ -218,7 +218,7 @@ def test_an_honest_model_passes_every_probe():
     p = evaluate.CausalProbes(rows, 8, 50, rng, evaluate.CAUSAL_PROBES)
     for i in range(0, rows.shape[0], 8):
         p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
-    assert p.check(forward, 1e-5) == evaluate.CAUSAL_PROBES
+    assert p.check(forward, 1e-5) == min(evaluate.CAUSAL_PROBES, 24 * 15)  # each (row, j) once when fewer
 
 
 def probed(forward, rows, vocab, probes=evaluate.CAUSAL_PROBES, seed=3):
@@ -248,7 +248,7 @@ def test_a_constant_on_one_position_widens_nothing():
     def honest_but_huge(x):  # the same constant on an honest model: every probe passes
         return emb[x].cumsum(1) + (torch.arange(x.shape[1]) == 0).float()[None, :, None] * 2.0 ** 20
 
-    assert probed(honest_but_huge, rows, 50) == evaluate.CAUSAL_PROBES
+    assert probed(honest_but_huge, rows, 50) == min(evaluate.CAUSAL_PROBES, 24 * 15)
 
 
 def test_a_cheat_below_the_tolerance_gains_less_than_it_per_token():
@@ -318,3 +318,19 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
                           env=dict(os.environ, PYTHONPATH=packages), timeout=300)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "no exported model" in out.get("error", ""), out
+
+
+def test_probes_past_the_number_of_positions_check_each_position_once():
+    """A small validation set (the tests' 16 rows of 32) has fewer (row, j) pairs than the audit's 4,603 probes:
+    each pair is probed once, and a model that reads the future at a single position is caught for certain."""
+    rows = np.random.default_rng(6).integers(0, 50, size=(16, 9))
+    emb, eye = torch.randn(50, 50), torch.eye(50)
+
+    def one_cheat(x):  # reads the next token at position 3 of row content starting with token rows[5, 0] only
+        out = emb[x].cumsum(1)
+        hit = (x[:, :1] == int(rows[5, 0])).float()[:, :, None] * (torch.arange(x.shape[1]) == 3).float()[None, :, None]
+        return out + 40 * hit * eye[x.roll(-1, dims=1)]
+
+    assert probed(lambda x: emb[x].cumsum(1), rows, 50, probes=evaluate.AUDIT_PROBES) == 16 * 7
+    with pytest.raises(evaluate.Refused, match="not causal"):
+        probed(one_cheat, rows, 50, probes=evaluate.AUDIT_PROBES)
