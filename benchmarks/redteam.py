@@ -605,7 +605,7 @@ ATTACKS = [
            "result and model must be written once; the budget runs until the process ends",
            setup=("--sandbox", "off")),
     Attack("past-the-budget", "training past the budget, the result written at the end",
-           lambda c: attack(extra_seconds=30), "refused", "until its process ended, more than the 2 s budget",
+           lambda c: attack(extra_seconds=15), "refused", "until its process ended, more than the 2 s budget",
            "the harness's clock, from start to the end of the process, against budget + the tag's allowance",
            setup=("--sandbox", "off"), env={"AUTORESEARCH_OUTSIDE_ALLOWANCE": "10"}),  # an honest run: 6-7 s
     Attack("carried-state", "run 1 leaves weights in the compile cache, /dev/shm, /tmp and the device "

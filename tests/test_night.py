@@ -154,6 +154,10 @@ def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip
     bwrap_or_skip()
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    # this interpreter's packages, wherever they are: --system-site-packages alone gives a venv made from a venv
+    # (the README's .venv in the clone) the base Python's, without the project's dependencies
+    import site
+    (next(venv.glob("lib/python*/site-packages")) / "parent.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     python = str(venv / "bin" / "python")
     extra = tmp_path / "extra"  # a PYTHONPATH entry under /tmp with a module train.py imports
     extra.mkdir()
