@@ -116,7 +116,7 @@ class ExternalAgent:
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
             import prepare
-            argv = sandbox.wrap_agent(argv, prepare.cache_dir(), prepare.require_manifest())
+            argv = sandbox.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest())
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])

@@ -6,6 +6,7 @@
                                         (--detach: in the background, for agents; then `autoresearch wait`)
   autoresearch wait                     until the run in the background ends (at most --timeout s)
   autoresearch status                   best result, counts and the last rows of this tag
+  autoresearch agent [COMMAND]          any agent (claude, codex, a shell) confined, the commands above working
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
   autoresearch loop --workers N         N experiments side by side on Ray workers (--ray-address: a cluster)
   autoresearch stop                     the loop stops after the experiment in flight (the dashboard's button)
@@ -79,7 +80,8 @@ def _status(repo: Path) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, defined once: main() parses with it, the broker (broker.py) checks an agent's with it."""
     from autoresearch import __version__
     parser = argparse.ArgumentParser(prog="autoresearch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +135,12 @@ def main(argv=None) -> int:
                    "workers; a tag keeps the count it started with)")
     p.add_argument("--decision", choices=["stat", "naive"], help=DECISION_HELP + "; a new tag's, else the tag's")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help=SANDBOX_HELP + "; a new tag's, else the tag's")
+    p = sub.add_parser("agent", help="start any agent (default: your shell) confined: no validation or test rows "
+                       "within its reach, only train.py writable; `autoresearch run/wait/status/best` work inside")
+    p.add_argument("--allow", action="append", default=[], metavar="PATH",
+                   help="also writable inside (the agent's own state beyond ~/.claude, ~/.codex, ...); repeatable")
+    p.add_argument("agent_command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the agent and its arguments, e.g. claude, codex, aider train.py (default: $SHELL)")
     p = sub.add_parser("ideas", help="the idea catalog and what this tag tried; --apply writes one into train.py")
     p.add_argument("--apply", nargs="+", metavar=("NAME", "KEY=VALUE"),
                    help="set idea NAME's parameters in train.py, e.g. --apply qk_norm norm=True")
@@ -146,8 +154,17 @@ def main(argv=None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")
 
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("AUTORESEARCH_BROKER"):  # inside `autoresearch agent`: the harness outside runs it
+        from autoresearch import broker
+        return broker.forward(argv)
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv = argv
     if args.command == "prepare":
         import prepare
         return prepare.main(rest)
@@ -233,6 +250,10 @@ def _command(args) -> int:
         print(f"asked {holder} to stop after the experiment in flight "
               "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
         return OK
+    if args.command == "agent":
+        from autoresearch import broker
+        command = args.agent_command[1:] if args.agent_command[:1] == ["--"] else args.agent_command
+        return broker.start(repo, command, args.allow)
     if args.command == "ideas":
         print(_ideas(repo, args.apply))
         return OK

@@ -213,14 +213,34 @@ def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
     return _finish(args, workdir, argv)
 
 
-def wrap_agent(argv: list[str], cache: Path, manifest: dict) -> list[str]:
-    """An external agent driven by `autoresearch loop --agent`: the machine as it is (it needs its network, its
-    credentials, the repository to edit), less what would let it train on the scored text or reach into later
-    runs: the data cache shows only the manifest, the tokenizer and the training files (no validation or test
-    tokens, no raw downloads), the local corpus and npm's cache (gutenberg's raw books) are hidden, and the
-    compile cache and the machine's measurements are read-only."""
-    cache = cache.resolve()
-    args = ["bwrap", *CONFINED, "--dev-bind", "/", "/", "--die-with-parent", "--tmpfs", str(cache)]
+# What agents keep writable beside train.py, where these exist: their own state and credentials (Claude Code's
+# ~/.claude and ~/.claude.json, Codex's ~/.codex, aider's history in the working directory is not needed). Nothing
+# here is read by the harness: a file the harness executes or imports (its code, the Python installation, git's
+# configuration and hooks, the repository's fixed files) written by the agent would run outside the sandbox.
+AGENT_STATE = (".claude", ".claude.json", ".codex", ".local/state/claude", ".cache/claude", ".cache/codex")
+BROKER_DIR = "/tmp/autoresearch-broker"  # inside an agent's sandbox: the broker's socket (broker.py)
+
+
+def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writable: list[Path] = (),
+               broker: Path | None = None) -> list[str]:
+    """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
+    (`autoresearch agent`). The machine read-only, with the network (its model's API) and the user's programs;
+    writable only: `workdir`'s train.py, the agents' own state (AGENT_STATE), `writable`, a private /tmp and
+    ~/.npm. The data cache shows the manifest, the tokenizer and the training files only (no validation or test
+    tokens, no downloads); every other prepared cache, the compile caches, the local corpus and npm's cache
+    (gutenberg's raw books) are hidden. Its own process namespace and /proc (no other process, and
+    so no /proc/PID/root or fd/ of the harness's), no capability, a new session (no TIOCSTI into the user's
+    terminal). `broker`: the directory of the broker's socket (broker.py), bound at BROKER_DIR."""
+    cache, home = cache.resolve(), Path.home()
+    args = ["bwrap", *CONFINED, "--ro-bind", "/", "/", "--die-with-parent", "--new-session", "--unshare-pid",
+            "--unshare-ipc", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for d in python_dirs() + [workdir.resolve()]:  # back where /tmp's tmpfs hid them (a venv or checkout there)
+        if d.is_relative_to("/tmp"):
+            args += ["--ro-bind", str(d), str(d)]
+    # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one) and the compile caches
+    caches = {cache, *cache.parent.glob(cache.name + "*"), *(home / ".cache").glob("autoresearch*")}
+    for other in sorted(c.resolve() for c in caches if c.is_dir()):
+        args += ["--tmpfs", str(other)]
     for entry in PROC_READ_ONLY:
         args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     for name in ("manifest.json", "tokenizer.json"):
@@ -228,12 +248,15 @@ def wrap_agent(argv: list[str], cache: Path, manifest: dict) -> list[str]:
     for rel in training_files(manifest):
         args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
     source = manifest.get("source", {}).get("path")
-    for hidden in (source, Path.home() / ".npm"):
+    for hidden in (source, home / ".npm"):
         if hidden and Path(hidden).is_dir():
             args += ["--tmpfs", str(hidden)]
         elif hidden and Path(hidden).is_file():
             args += ["--ro-bind", "/dev/null", str(hidden)]
-    for shared in (cache.parent / f"{cache.name}-compile", cache.parent / f"{cache.name}-machine.json"):
-        if shared.exists():
-            args += ["--ro-bind", str(shared), str(shared)]
-    return args + ["--", *argv]
+    for path in [home / rel for rel in AGENT_STATE] + [Path(w).resolve() for w in writable]:
+        if path.exists():
+            args += ["--bind", str(path), str(path)]
+    args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
+    if broker is not None:
+        args += ["--bind", str(broker), BROKER_DIR]
+    return args + ["--chdir", str(workdir), "--", *argv]

@@ -101,9 +101,10 @@ AGENT = textwrap.dedent('''
     src = re.sub(r"^WARMDOWN_RATIO = .*$", "WARMDOWN_RATIO = 0.3", src, flags=re.M)
     open("train.py", "w").write(src)
     if "--sneaky" in sys.argv:
-        open("prepare.py", "a").write("# easier metric\\n")
-    if "--stop" in sys.argv:  # as the dashboard's button does: the loop stops after this experiment
-        open(".autoresearch/stop", "w").write("stop")
+        try:  # read-only in the agent's confinement; where there is none, the loop reverts it afterwards
+            open("prepare.py", "a").write("# easier metric\\n")
+        except OSError as e:
+            print("prepare.py:", e.strerror)
     print("thinking...")
     print("DESCRIPTION: shorter warmdown (0.3)")
 ''')
@@ -112,15 +113,18 @@ AGENT = textwrap.dedent('''
 @pytest.mark.slow
 def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_path):
     (tmp_path / "agent.py").write_text(AGENT)
-    agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky --stop"
-    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "5", "--decision", "naive",
+    agent = f"{sys.executable} {tmp_path / 'agent.py'} --sneaky"
+    out = cli(repo, "loop", "--tag", "ext", "--agent", agent, "--max-experiments", "2", "--decision", "naive",
               env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "stopping: asked to from the dashboard" in out.stdout  # after 2 of the 5 experiments
     baseline, change = rows(repo)
     assert baseline.description == "baseline"
     assert change.description.startswith("shorter warmdown (0.3)")
-    assert "agent also edited prepare.py: reverted" in change.description
+    from autoresearch import sandbox
+    if sandbox.bwrap_works():  # confined (sandbox.wrap_agent): the write itself failed
+        assert "reverted" not in change.description
+    else:
+        assert "agent also edited prepare.py: reverted" in change.description
     assert change.status in ("keep", "discard")
     assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
 

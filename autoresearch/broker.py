@@ -1,0 +1,184 @@
+"""`autoresearch agent`: any agent a user starts by hand (Claude Code, Codex, aider, a shell), confined the way
+the loop's agent is (sandbox.wrap_agent), with the harness's commands still working from inside.
+
+The agent cannot run an experiment itself: it sees no validation or test rows, and the harness's state, code and
+repository are read-only to it. So the harness keeps a broker outside the sandbox, a Unix socket in a private
+directory bound into it (sandbox.BROKER_DIR). Inside, `autoresearch run/wait/status/best/...` finds BROKER_ENV
+and sends its arguments there (forward); outside, the broker checks them against BROKERED and runs the command as
+the user's own harness process in the repository, under the harness's training sandbox, and streams its output
+back. What the agent controls is train.py's text and the arguments of those commands, nothing the harness
+executes: no `--sandbox off`, no tag without bubblewrap, no path the harness would write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from autoresearch import errors, sandbox
+
+BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
+SOCKET_NAME = "harness.sock"
+# the commands an agent drives the harness with, and the options it may give each; `setup` always gets
+# `--sandbox on`, and `run` needs a tag whose protection is bubblewrap
+BROKERED = {
+    "setup": {"tag", "decision", "timeout", "sandbox"},
+    "run": {"message", "seed", "decision", "timeout", "sandbox", "detach"},
+    "wait": {"timeout"},
+    "status": {"json"},
+    "best": set(),
+    "stop": set(),
+    "ideas": {"apply"},
+    "sample": {"prompt", "tokens", "temperature", "seed", "run_id"},
+    "report": {"tag", "json"},
+}
+
+
+class BrokerError(errors.HarnessError):
+    pass
+
+
+def check(argv: list[str], repo: Path) -> list[str]:
+    """The command line the broker runs for an agent's `argv`, or BrokerError saying what it may ask."""
+    from autoresearch import cli, tags
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+            args, rest = cli.build_parser().parse_known_args(argv)
+    except SystemExit:
+        raise BrokerError(f"`autoresearch {' '.join(argv)}`: {said.getvalue().strip().splitlines()[-1:]}") from None
+    allowed = BROKERED.get(args.command)
+    if allowed is None:
+        raise BrokerError(f"`autoresearch {args.command}` does not run inside `autoresearch agent`; the agent may "
+                          f"use {', '.join(BROKERED)}. The user runs the others outside the confinement.")
+    options = cli.build_parser()._subparsers._group_actions[0].choices[args.command]._option_string_actions
+    given = {options[token.split("=", 1)[0]].dest for token in argv[1:] if token.split("=", 1)[0] in options}
+    extra = sorted(given - allowed - {"help"})
+    if rest or extra:
+        raise BrokerError(f"`autoresearch {args.command}` inside `autoresearch agent` takes only "
+                          f"{', '.join('--' + a.replace('_', '-') for a in sorted(allowed)) or 'no options'}"
+                          f" (not {' '.join(rest) or ', '.join(extra)}).")
+    if "sandbox" in given and args.sandbox != "on":
+        raise BrokerError("an agent's experiments always run under bubblewrap: leave out --sandbox (or say on).")
+    if args.command == "setup":
+        return list(argv) if "sandbox" in given else [*argv, "--sandbox", "on"]
+    if args.command == "run":
+        protection = tags.load_tag(repo).get("protection")
+        if protection != "bwrap":
+            raise BrokerError(f"this tag's runs have protection {protection!r}: an agent in `autoresearch agent` "
+                              "runs experiments only on a tag set up under bubblewrap (`autoresearch setup --tag "
+                              "NEW` from inside does that).")
+    return list(argv)
+
+
+class Broker:
+    """The broker of one `autoresearch agent`: serve() in a thread, close() at the end. Every request is a JSON
+    line {"argv": [...]}; the answer is JSON lines {"out": text} and a last {"rc": exit status}."""
+
+    def __init__(self, repo: Path):
+        self.repo = repo
+        self.dir = Path(tempfile.mkdtemp(prefix="autoresearch-broker-"))  # 0700: the user's (and the sandbox's)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.dir / SOCKET_NAME))
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as stream:
+            def send(obj) -> None:
+                try:
+                    stream.write(json.dumps(obj).encode() + b"\n")
+                    stream.flush()
+                except OSError:  # the agent stopped listening (its tool timed out): the command goes on
+                    pass
+            try:
+                request = json.loads(stream.readline() or b"{}")
+                argv = request.get("argv")
+                if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+                    raise BrokerError("a request is one JSON line {\"argv\": [strings]}")
+                command = check(argv, self.repo)
+            except (BrokerError, errors.HarnessError, ValueError) as e:
+                send({"out": f"error: {e}\n"})
+                send({"rc": 2})
+                return
+            env = {k: v for k, v in os.environ.items() if k != BROKER_ENV}
+            proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=self.repo, env=env,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+                send({"out": chunk.decode(errors="replace")})
+            send({"rc": proc.wait()})
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def forward(argv: list[str]) -> int:
+    """Inside the confinement: send `autoresearch argv` to the broker, print what it answers, return its status."""
+    path = os.environ[BROKER_ENV]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(path)
+        except OSError as e:
+            print(f"error: the harness's broker at {path} does not answer ({e}); `autoresearch agent` that started "
+                  "this shell has ended. Start the agent again.", file=sys.stderr)
+            return 2
+        stream = conn.makefile("rwb")
+        stream.write(json.dumps({"argv": argv}).encode() + b"\n")
+        stream.flush()
+        for line in stream:
+            message = json.loads(line)
+            if "rc" in message:
+                return int(message["rc"])
+            sys.stdout.write(message.get("out", ""))
+            sys.stdout.flush()
+    print("error: the broker closed the connection without an exit status", file=sys.stderr)
+    return 1
+
+
+def start(repo: Path, command: list[str], writable: list[str]) -> int:
+    """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker; its exit status."""
+    import prepare
+    if not sandbox.bwrap_works():
+        raise errors.HarnessError("`autoresearch agent` confines the agent with bubblewrap, which is missing or "
+                                  "cannot create namespaces here: install it (`apt-get install bubblewrap`). "
+                                  "Without it, `autoresearch loop --agent NAME` still runs an agent, checked "
+                                  "afterwards instead of confined (docs/integrity.md).")
+    manifest = prepare.require_manifest()
+    command = command or [os.environ.get("SHELL") or "bash"]
+    if shutil.which(command[0]) is None:
+        raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
+    missing = [w for w in writable if not Path(w).exists()]
+    if missing:
+        raise errors.HarnessError(f"--allow {missing[0]}: no such file or directory")
+    broker = Broker(repo)
+    try:
+        argv = sandbox.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
+                                  broker=broker.dir)
+        inside = f"{sandbox.BROKER_DIR}/{SOCKET_NAME}"
+        argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
+        print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
+              f"its own state ({', '.join('~/' + s for s in sandbox.AGENT_STATE)}, where they exist)"
+              f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
+              f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
+        return subprocess.call(argv)
+    finally:
+        broker.close()
