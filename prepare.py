@@ -48,7 +48,7 @@ SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|reserved_0|>", "<|reserved
 BOS_TOKEN = "<|bos|>"
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 2          # 2: a held-out test split, and no timestamp in the fingerprint
+MANIFEST_VERSION = 3          # 3: a held-out pool the scored rows are drawn from; 2: a test split
 SPLITS = ("train", "val", "test")  # test is read by the harness alone
 CHECK_SEED = 1234             # the fixed training rows both train.py and the harness score (see finish)
 
@@ -382,18 +382,43 @@ def make_dataloader(tokenizer: Tokenizer, batch_size: int, seq_len: int, split: 
 # ---------------------------------------------------------------------------
 
 
-def evaluation_rows(split: str = "val", root: Path | None = None) -> np.ndarray:
-    """The fixed rows of a held-out split (val or test): eval_tokens // max_seq_len packed rows of
-    max_seq_len + 1 tokens, documents in file order."""
+def evaluation_rows(split: str = "val", root: Path | None = None, draw: int | None = None) -> np.ndarray:
+    """The rows of a held-out split (val or test) a model is scored on: eval_tokens // max_seq_len packed rows of
+    max_seq_len + 1 tokens. `draw` is the tag's secret, which the harness keeps where neither the training nor a
+    confined agent can read it: the rows are then drawn from the whole held-out pool (every row of val and test;
+    val's and test's rows disjoint), the same rows for every run of the tag. A train.py that carries held-out
+    text cannot know which of it is scored, and carries little of the pool (docs/integrity.md: the arithmetic).
+    Without a draw (a tag set up before it, or by hand): the split's first rows, documents in file order."""
     manifest = load_manifest(root) or require_manifest()
     seq_len, eval_tokens = manifest["max_seq_len"], manifest["eval_tokens"]
-    docs = _Documents(split_prefixes(split, root))
-    try:
-        return pack_rows(docs, np.arange(len(docs)), seq_len + 1, max(1, eval_tokens // seq_len),
-                         {"pos": 0, "buf_len": [], "buf_idx": []})
-    except StopIteration:
+    n_rows = max(1, eval_tokens // seq_len)
+    if draw is None:
+        rows = _rows(split, root, seq_len + 1, n_rows)
+    else:
+        if split not in ("val", "test"):
+            raise ValueError(f"split must be val or test, not {split!r}")
+        pool = np.concatenate([_rows(s, root, seq_len + 1) for s in ("val", "test")])
+        if len(pool) < 2 * n_rows:
+            raise PrepareError(f"The held-out pool has {len(pool)} rows, too few for two draws of {n_rows}; "
+                               "add data or prepare with a smaller --eval-tokens.")
+        order = np.random.default_rng(draw).permutation(len(pool))
+        rows = pool[np.sort(order[:n_rows] if split == "val" else order[n_rows:2 * n_rows])]
+    if len(rows) < n_rows:
         raise PrepareError(f"The {split} split is too small for eval_tokens={eval_tokens}; add data or prepare "
-                           "with a smaller --eval-tokens.") from None
+                           "with a smaller --eval-tokens.")
+    return rows
+
+
+def _rows(split: str, root: Path | None, row_len: int, n_rows: int | None = None) -> np.ndarray:
+    """A split's documents in file order, packed into rows: the first n_rows, or as many as it fills."""
+    docs, state, rows = _Documents(split_prefixes(split, root)), {"pos": 0, "buf_len": [], "buf_idx": []}, []
+    order = np.arange(len(docs))
+    while n_rows is None or len(rows) < n_rows:
+        try:
+            rows.append(pack_rows(docs, order, row_len, 1, state)[0])
+        except StopIteration:
+            break
+    return np.array(rows, dtype=np.int64).reshape(-1, row_len)
 
 
 def validation_rows() -> np.ndarray:

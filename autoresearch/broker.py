@@ -48,8 +48,11 @@ class BrokerError(errors.HarnessError):
 
 
 def check(argv: list[str], repo: Path) -> list[str]:
-    """The command line the broker runs for an agent's `argv`, or BrokerError saying what it may ask."""
-    from autoresearch import cli, tags
+    """The command line the broker runs for an agent's `argv`, or BrokerError saying what it may ask. The line is
+    rebuilt from what the harness's own parser made of `argv` (every option by its full name, `--name=value`):
+    an abbreviation, a value that looks like an option or a repeated option means to the harness exactly what
+    was checked."""
+    from autoresearch import cli, git, state, tags
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
@@ -60,24 +63,39 @@ def check(argv: list[str], repo: Path) -> list[str]:
     if allowed is None:
         raise BrokerError(f"`autoresearch {args.command}` does not run inside `autoresearch agent`; the agent may "
                           f"use {', '.join(BROKERED)}. The user runs the others outside the confinement.")
-    options = cli.build_parser()._subparsers._group_actions[0].choices[args.command]._option_string_actions
-    given = {options[token.split("=", 1)[0]].dest for token in argv[1:] if token.split("=", 1)[0] in options}
-    extra = sorted(given - allowed - {"help"})
+    actions = [a for a in cli.build_parser()._subparsers._group_actions[0].choices[args.command]._actions
+               if a.dest != "help"]
+    given = {a.dest: getattr(args, a.dest) for a in actions if getattr(args, a.dest) != a.default}
+    extra = sorted(set(given) - allowed)
     if rest or extra:
         raise BrokerError(f"`autoresearch {args.command}` inside `autoresearch agent` takes only "
                           f"{', '.join('--' + a.replace('_', '-') for a in sorted(allowed)) or 'no options'}"
                           f" (not {' '.join(rest) or ', '.join(extra)}).")
-    if "sandbox" in given and args.sandbox != "on":
+    if args.command in ("setup", "run") and getattr(args, "sandbox", None) not in (None, "auto", "on"):
         raise BrokerError("an agent's experiments always run under bubblewrap: leave out --sandbox (or say on).")
     if args.command == "setup":
-        return list(argv) if "sandbox" in given else [*argv, "--sandbox", "on"]
+        if git.branch(repo).startswith(state.BRANCH_PREFIX):  # its base would be a commit the agent made
+            raise BrokerError("an agent sets up a tag from the user's branch, not from an experiment branch: what a "
+                              "train.py may carry is counted from its tag's base (heldout.py). Ask the user to "
+                              "check out their branch, or continue this tag.")
+        given["sandbox"] = "on"
     if args.command == "run":
         protection = tags.load_tag(repo).get("protection")
         if protection != "bwrap":
             raise BrokerError(f"this tag's runs have protection {protection!r}: an agent in `autoresearch agent` "
                               "runs experiments only on a tag set up under bubblewrap (`autoresearch setup --tag "
                               "NEW` from inside does that).")
-    return list(argv)
+    line = [args.command]
+    for action in actions:
+        if action.dest not in given:
+            continue
+        name, value = max(action.option_strings, key=len), given[action.dest]
+        if action.nargs == 0:  # a flag
+            line.append(name)
+        else:
+            # a list's values never start with "-": the parser would have taken them for options
+            line += [name, *value] if isinstance(value, list) else [f"{name}={value}"]
+    return line
 
 
 class Broker:

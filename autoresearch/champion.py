@@ -103,7 +103,9 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
                                    "why); give one with --run RUN_ID.")
         run_id = models[0].run_id
     found = [model_dir(repo, r) for r in rows if r.run_id == run_id]
-    out = found[0] if found and found[0] else state.run_dir(repo, run_id) / sandbox.OUT_DIR
+    if not found:  # an id of this tag's ledger, never a path (an agent's `sample --run ../..` through the broker)
+        raise errors.HarnessError(f"no run {run_id!r} in this tag's results.tsv (`autoresearch status` lists them).")
+    out = found[0] or state.run_dir(repo, run_id) / sandbox.OUT_DIR
     if not (out / prepare.GRAPH_FILE).is_file():
         raise errors.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
     try:

@@ -231,6 +231,7 @@ def _build(staging: Path, settings: dict, wanted: dict, path, num_shards: int, d
     atomic_write_bytes(staging / MANIFEST_NAME, json.dumps(manifest, indent=1).encode())
     for split in ("val", "test"):
         evaluation_rows(split, staging)  # the rows every model is scored on can be built: checked now, not at eval
+        evaluation_rows(split, staging, draw=0)  # and a tag's secret draw from the pool
     return manifest
 
 

@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoresearch import (agents, decide, errors, execute, git, ledger, loop, proposer, record, run, schedule, state,
-                          supervise, tags)
+from autoresearch import (agents, decide, errors, execute, git, heldout, ledger, loop, proposer, record, run, schedule,
+                          state, supervise, tags)
 from autoresearch.worker import Worker
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
@@ -105,7 +105,8 @@ class Driver:
         for _ in range(n):
             self.spawned += 1
             name = f"w{self.spawned}"
-            actor = self.actor_class.remote(str(self.repo), self.config, name,
+            # the tag's secret draw travels with the workers' copy of the tag, never into the repository (heldout.py)
+            actor = self.actor_class.remote(str(self.repo), dict(self.config, draw=heldout.draw(self.config)), name,
                                             self.args.sandbox or tags.sandbox_mode_of(self.config))
             self.joining[actor.join.remote()] = (name, actor, time.time())
 
@@ -203,6 +204,15 @@ class Driver:
                 self.started -= 1
                 return
         description = " ".join(description.split()) or "(no description)"
+        base = git.git(self.repo, "show", f"{self.config['base_commit']}:{state.EDITABLE}", strip=False).encode()
+        problem = run.train_py_problem(source.encode(errors="replace"), self.config, base)
+        if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
+            self.free.append(name)
+            row = record.make_row(self.config, parent, f"{description} [refused: {problem}]", state.new_run_id(),
+                                  "refused", worker=name)
+            ledger.append(self.results, row)
+            self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))
+            return
         commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
         self.dispatch(self.job(ledger.read(self.results, self.config["tag"]), commit, parent, source, description, 1,
                                name))

@@ -496,11 +496,13 @@ class Request:
     test_below: float = float("inf")  # also score the test split (and audit deeper) when val_bpb is below this
     probes: int = CAUSAL_PROBES
     audit_probes: int = AUDIT_PROBES
+    draw: int | None = None  # the tag's secret draw of scored rows (heldout.py; prepare.evaluation_rows)
 
     def argv(self) -> list[str]:
         return ["--run-dir", self.run_dir, "--dtype", self.dtype, "--device", self.device, "--check-bpb",
                 repr(float(self.check_bpb)), "--test-below", repr(min(float(self.test_below), 1e308)),
-                "--causal-probes", str(self.probes), "--audit-probes", str(self.audit_probes)]
+                "--causal-probes", str(self.probes), "--audit-probes", str(self.audit_probes)] + \
+            ([] if self.draw is None else ["--draw", str(self.draw)])
 
 
 def evaluate(prepare, request: Request) -> dict:
@@ -530,7 +532,8 @@ def evaluate(prepare, request: Request) -> dict:
                 raise Refused(f"the exported model does not reproduce train.py's: check_bpb {out['check_bpb']:.6f} "
                               f"(harness) vs {request.check_bpb:.6f} (train.py)")
             t1 = time.time()
-            val = prepare.evaluation_rows("val")
+            drawn = {} if request.draw is None else {"draw": request.draw}  # a tag from before draws: its prepare.py
+            val = prepare.evaluation_rows("val", **drawn)
             probes = CausalProbes(val, batch_size, vocab, np.random.default_rng(secrets.randbits(64)), request.probes)
 
             def scored(x):
@@ -548,8 +551,8 @@ def evaluate(prepare, request: Request) -> dict:
                                                 request.audit_probes if out["audited"] else None)
             out["causal_seconds"] = time.time() - t1
             if may_keep:
-                out["test_bpb"] = finite(prepare.rows_bpb(forward, prepare.evaluation_rows("test"), token_bytes,
-                                                          batch_size, device), "test_bpb")
+                test = prepare.evaluation_rows("test", **drawn)
+                out["test_bpb"] = finite(prepare.rows_bpb(forward, test, token_bytes, batch_size, device), "test_bpb")
         except (Refused, Broken, prepare.PrepareError):
             raise
         except MemoryError:
@@ -598,13 +601,14 @@ def parse(argv: list[str]):
                         help="probes of the causality check on the validation rows (CausalProbes)")
     parser.add_argument("--audit-probes", type=int, default=AUDIT_PROBES,
                         help="probes when val_bpb is below --test-below (a run that may be kept)")
+    parser.add_argument("--draw", type=int, help="the tag's secret draw of scored rows (prepare.evaluation_rows)")
     args = parser.parse_args(argv)
     if args.wait:
         return args, None
     if args.run_dir is None or args.dtype is None or args.check_bpb is None:
         parser.error("--run-dir, --dtype and --check-bpb are required (or --wait)")
     return args, Request(args.run_dir, args.dtype, args.device, args.check_bpb, args.test_below, args.causal_probes,
-                         args.audit_probes)
+                         args.audit_probes, args.draw)
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import compiled, evaluate, fixed, guard, processes, sandbox, state, supervise, tags
+from autoresearch import compiled, evaluate, fixed, guard, heldout, processes, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
@@ -133,7 +133,8 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 state.fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
             request = evaluate.Request(str(out), result["dtype"], result["device"], result["check_bpb"],
-                                       test_threshold if test_threshold is not None else float("inf"))
+                                       test_threshold if test_threshold is not None else float("inf"),
+                                       draw=heldout.draw(config))
             evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
             evaluation["outside_s"] = round(took - budget, 3)
             evaluation["allowance_s"] = allowance

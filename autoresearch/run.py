@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, execute, fixed, git, ledger, machine_load, prune, record, recovery,
-                          sandbox, schedule, state, tags)
+from autoresearch import (compiled, decide, execute, fixed, git, heldout, ledger, machine_load, prune, record,
+                          recovery, sandbox, schedule, state, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 
 EDITABLE = state.EDITABLE
@@ -141,15 +141,28 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
     if others:
         return (f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                 f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
-    raw = (repo / EDITABLE).read_bytes()
+    base = git.git(repo, "show", f"{config['base_commit']}:{EDITABLE}", strip=False).encode()
+    problem = train_py_problem((repo / EDITABLE).read_bytes(), config, base)
+    if problem:
+        return problem
+    return tags.preflight(repo, config)
+
+
+def train_py_problem(raw: bytes, config: dict, base: bytes) -> str | None:
+    """Why this train.py may not run under this tag, or None: not UTF-8 text, over the tag's size limit, or
+    carrying more than the tag's limit beyond its base (heldout.py). Both loops ask here."""
     problem = source_problem(raw)
     if problem:
         return problem
-    size = len(raw)
-    if size > config["max_train_bytes"]:
-        return (f"{EDITABLE} has {size:,} bytes, more than this tag's limit of {config['max_train_bytes']:,} (set "
-                f"at setup): a file that size carries data, not code. Remove what it embeds")
-    return tags.preflight(repo, config)
+    if len(raw) > config["max_train_bytes"]:
+        return (f"{EDITABLE} has {len(raw):,} bytes, more than this tag's limit of {config['max_train_bytes']:,} "
+                "(set at setup): a file that size carries data, not code. Remove what it embeds")
+    carried = heldout.carried_bytes(raw, base)
+    if carried > config["max_carried_bytes"]:
+        return (f"{EDITABLE} carries {carried:,} bytes beyond the tag's base (compressed with the base as "
+                f"dictionary), more than this tag's limit of {config['max_carried_bytes']:,}: that is data, not "
+                "a change of code (this project's whole history of train.py is 2 KB). Remove what it embeds")
+    return None
 
 
 def source_problem(raw: bytes) -> str | None:

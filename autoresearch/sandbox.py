@@ -248,11 +248,14 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     for rel in training_files(manifest):
         args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
     source = manifest.get("source", {}).get("path")
-    for hidden in (source, home / ".npm"):
+    # the local corpus and npm's cache (gutenberg's raw books); Ray's token (~/.ray/auth_token, 0644): a parallel
+    # loop's local runtime runs any task it is sent with it, outside every sandbox
+    for hidden in (source, home / ".npm", home / ".ray"):
         if hidden and Path(hidden).is_dir():
             args += ["--tmpfs", str(hidden)]
         elif hidden and Path(hidden).is_file():
             args += ["--ro-bind", "/dev/null", str(hidden)]
+    args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
     for path in [home / rel for rel in AGENT_STATE] + [Path(w).resolve() for w in writable]:
         if path.exists():
             args += ["--bind", str(path), str(path)]

@@ -2,7 +2,8 @@
 
 `autoresearch setup` (or the first `loop`) writes .autoresearch/tags/<tag>.json once: the fixed half's
 fingerprint, the budget and its clock, the hardware and its measured peak FLOP/s, and the rules (protection,
-decision rule, hard timeout, allowance outside the budget, largest train.py). A run asking for weaker settings
+decision rule, hard timeout, allowance outside the budget, largest train.py and what it may carry beyond the
+base, compressed), and the id of its secret draw of scored rows (heldout.py). A run asking for weaker settings
 is refused (pin_problems); a run from a machine or fixed half that differs is refused (preflight).
 """
 
@@ -18,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch import decide, fixed, git, ledger, machine, sandbox, state
+from autoresearch import decide, fixed, git, heldout, ledger, machine, sandbox, state
 from autoresearch.errors import HarnessError
 
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
@@ -77,6 +78,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
               "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "protection": protection, "decision": rule, "allowance_s": outside_allowance(profile, budget),
               "timeout_s": timeout or default_timeout(budget, clock), "max_train_bytes": MAX_TRAIN_BYTES,
+              "max_carried_bytes": heldout.LIMIT_BYTES, "draw_id": heldout.new_draw(),
               "compile_cache": compile_cache_mode()}
     if threads is not None:  # parallel workers: each run gets this many threads (threads_per_run)
         config["threads"] = threads
@@ -111,6 +113,7 @@ def load_tag(repo: Path) -> dict:
     # tags set up before the rules were pinned: the defaults of that time, the protection asked for at each run
     config.setdefault("allowance_s", OLD_ALLOWANCE)
     config.setdefault("max_train_bytes", MAX_TRAIN_BYTES)
+    config.setdefault("max_carried_bytes", heldout.LIMIT_BYTES)
     return config
 
 

@@ -1,11 +1,13 @@
 """`autoresearch agent`: an agent started by hand, confined like the loop's, through the real CLI. Inside it the
 held-out rows cannot be reached (by path, through the cache, through /proc), nothing the harness executes can be
 written, and the harness's commands still work: the broker runs them outside, and refuses what would lower the
-protection. Fast: a probe instead of an agent, no training (the night through the broker is in test_night)."""
+protection. Fast but the last: a probe instead of an agent, no training."""
 
 import json
 import sys
 import textwrap
+
+import pytest
 
 from conftest import ROOT, cli, sh
 
@@ -18,7 +20,8 @@ PROBE = textwrap.dedent(r'''
     out = {"held_out_by_path": [rel for rel in held_out if os.path.exists(cache / rel)],
            "cache": sorted(os.listdir(cache)),
            "data": sorted(os.listdir(cache / manifest["data_dir"])),
-           "other_processes": [p for p in os.listdir("/proc") if p.isdigit() and int(p) > 3]}
+           "other_processes": [p for p in os.listdir("/proc") if p.isdigit() and int(p) > 3],
+           "ray_token": os.path.exists(os.path.expanduser("~/.ray/auth_token")) or "RAY_AUTH_TOKEN" in os.environ}
     for pid in ("1", "2"):  # the sandbox's own: no /proc/PID/root or fd/ of the harness to walk into
         try:
             out.setdefault("proc_roots", []).append(os.path.exists(Path("/proc", pid, "root") / cache.relative_to("/")
@@ -40,6 +43,7 @@ PROBE = textwrap.dedent(r'''
         ("train.py", "train.py"), ("prepare.py", "prepare.py"), ("new file", "notes.txt"), ("probe", "probe.py"),
         ("git hook", ".git/hooks/post-commit"), ("harness", sys.argv[1]), ("state", ".autoresearch/tags/conf.json"))}
     out["status"] = harness("status", "--json")
+    out["setup_again"] = harness("setup", "--tag", "conf2")  # from the experiment branch: a base of its own
     out["run_off"] = harness("run", "-m", "x", "--sandbox", "off")
     out["loop"] = harness("loop")
     out["report_out"] = harness("report", "--out", "/tmp/x.png")
@@ -53,11 +57,11 @@ def test_an_agent_started_by_hand_reaches_no_held_out_row_and_drives_the_harness
     with open(repo / ".git" / "info" / "exclude", "a") as f:
         f.write("probe.py\n")
     proc = cli(repo, "agent", "--", sys.executable, "probe.py", str(ROOT / "autoresearch" / "cli.py"),
-               env=env, timeout=300)
+               env=dict(env, RAY_AUTH_TOKEN="the parallel loop's"), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "confined" in proc.stderr
     seen = json.loads(proc.stdout.split("PROBE ", 1)[1])
-    assert seen["held_out_by_path"] == [] and seen["other_processes"] == [], seen
+    assert seen["held_out_by_path"] == [] and seen["other_processes"] == [] and not seen["ray_token"], seen
     assert seen["cache"] == ["data", "manifest.json", "tokenizer.json"]  # no downloads, no secrets
     assert all(name.startswith("train_") for name in seen["data"]) and seen["data"]
     assert not any(seen.get("proc_roots", [])), seen
@@ -70,7 +74,8 @@ def test_an_agent_started_by_hand_reaches_no_held_out_row_and_drives_the_harness
     assert sh(repo, "git", "branch", "--show-current") == "autoresearch/conf"
     rc, text = seen["status"]
     assert rc == 0 and json.loads(text)["current_tag"] == "conf", text
-    for key, fix in (("run_off", "bubblewrap"), ("loop", "does not run inside"), ("report_out", "takes only")):
+    for key, fix in (("run_off", "bubblewrap"), ("loop", "does not run inside"), ("report_out", "takes only"),
+                     ("setup_again", "not from an experiment branch")):
         rc, text = seen[key]
         assert rc == 2 and fix in text, (key, text)
 
@@ -81,3 +86,57 @@ def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env
     assert proc.returncode == 2 and "not on PATH" in proc.stderr
     proc = cli(repo, "agent", "--allow", "/no/such/dir", "--", "true", env=env)
     assert proc.returncode == 2 and "--allow /no/such/dir" in proc.stderr
+
+
+def test_a_train_py_carrying_more_than_the_tags_limit_is_refused_before_it_runs(repo, env):
+    """3 KB beyond the base, compressed with it as dictionary: random bytes in base85 cannot hide in it."""
+    import base64
+    import os
+
+    from test_harness import rows
+    assert cli(repo, "setup", "--tag", "carry", "--sandbox", "off", env=env).returncode == 0
+    base = (repo / "train.py").read_text()
+    (repo / "train.py").write_text(base + f"\nHELD_OUT = {base64.b85encode(os.urandom(4000)).decode()!r}\n")
+    proc = cli(repo, "run", "-m", "memoriser", env=env)
+    [row] = rows(repo)
+    assert proc.returncode == 1 and row.status == "refused", row.description
+    assert "carries" in row.description and "limit of 3,072" in row.description
+    assert "Remove what it embeds" in row.description
+
+
+NIGHT = textwrap.dedent(r'''
+    import re, subprocess, sys, time
+    def harness(*args):
+        proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], capture_output=True, text=True)
+        print(f"$ autoresearch {' '.join(args)}\n{proc.stdout}{proc.stderr}[exit {proc.returncode}]", flush=True)
+        return proc.returncode
+    def experiment(message):
+        assert harness("run", "-m", message, "--detach") == 0
+        while harness("wait", "--timeout", "60") == 3:
+            pass
+    assert harness("setup", "--tag", "byhand") == 0
+    experiment("baseline")
+    src = open("train.py").read()
+    open("train.py", "w").write(re.sub(r"^WARMDOWN_RATIO = .*$", "WARMDOWN_RATIO = 0.3", src, flags=re.M))
+    experiment("shorter warmdown (0.3)")
+    harness("status")
+''')
+
+
+@pytest.mark.slow
+def test_an_agent_started_by_hand_runs_a_short_night_through_the_broker(repo, env, bwrap_or_skip):
+    """What program.md tells an agent, from inside `autoresearch agent`: setup, `run --detach` and `wait`, an edit
+    of train.py, a second experiment; recorded outside, under bubblewrap."""
+    bwrap_or_skip()
+    from test_harness import rows
+    (repo / "night.py").write_text(NIGHT)
+    with open(repo / ".git" / "info" / "exclude", "a") as f:
+        f.write("night.py\n")
+    proc = cli(repo, "agent", "--", sys.executable, "night.py", env=env,
+               timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recorded = rows(repo)
+    assert [r.description.split(" [")[0] for r in recorded][:1] == ["baseline"], proc.stdout[-3000:]
+    assert recorded[-1].description.startswith("shorter warmdown (0.3)") and recorded[-1].status in ("keep", "discard")
+    assert all(r.protection == "bwrap" for r in recorded)
+    assert "WARMDOWN_RATIO = 0.3" in sh(repo, "git", "show", f"{recorded[-1].commit}:train.py")

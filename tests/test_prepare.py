@@ -16,7 +16,7 @@ import torch
 
 import prepare
 from autoresearch import data, sources
-from conftest import make_corpus, prepare_small
+from conftest import ROOT, make_corpus, prepare_small
 
 # --- cleaning -------------------------------------------------------------
 
@@ -160,6 +160,37 @@ def test_uniform_model_bpb_matches_hand_computation(use_cache):
     assert rows.shape == (512 // 32, 33)
     assert prepare.evaluation_rows("test").shape == rows.shape and not np.array_equal(
         prepare.evaluation_rows("test"), rows)
+
+
+def test_a_tags_secret_draw_scores_its_own_rows_from_the_whole_pool(use_cache):
+    """Every run of a tag is scored on the same rows, drawn by its secret from val's and test's rows together:
+    val and test disjoint, another secret another draw, a tag without one the splits' first rows."""
+    pool = np.concatenate([prepare._rows(s, None, 33) for s in ("val", "test")])
+    val, test = prepare.evaluation_rows("val", draw=7), prepare.evaluation_rows("test", draw=7)
+    assert val.shape == test.shape == prepare.validation_rows().shape and len(pool) > 4 * len(val)
+    assert np.array_equal(val, prepare.evaluation_rows("val", draw=7))
+    index = {row.tobytes(): i for i, row in enumerate(pool)}
+    val_at, test_at = {index[r.tobytes()] for r in val}, {index[r.tobytes()] for r in test}
+    assert len(val_at) == len(val) and not val_at & test_at  # rows of the pool, none scored twice
+    assert val_at != {index[r.tobytes()] for r in prepare.evaluation_rows("val", draw=8)}
+    assert max(val_at | test_at) >= len(prepare._rows("val", None, 33))  # drawn from test's file too
+    assert np.array_equal(prepare.evaluation_rows("val", draw=None), prepare.validation_rows())
+
+
+def test_what_train_py_carries_is_counted_against_its_base():
+    """Compressed with the base as dictionary: an edit costs bytes, text that was there costs nothing, and
+    random bytes cost their size whatever their encoding."""
+    import base64
+    import os
+
+    from autoresearch import heldout
+    base = (ROOT / "train.py").read_bytes()
+    edited = base.replace(b"WARMDOWN_RATIO = ", b"WARMDOWN_RATIO = 0.3 * ", 1)
+    assert heldout.carried_bytes(base, base) < 300 and heldout.carried_bytes(edited, base) < 300
+    blob = os.urandom(3000)
+    for text in (base64.b85encode(blob), base64.b64encode(blob), blob.hex().encode()):
+        assert heldout.carried_bytes(base + b"\nX = " + text, base) > 3000
+    assert heldout.carried_bytes(base[:5000], b"") > heldout.carried_bytes(base[:5000], base)
 
 
 def test_wrong_logits_shape_is_a_clear_error(use_cache):
