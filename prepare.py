@@ -51,6 +51,9 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 3          # 3: a held-out pool the scored rows are drawn from; 2: a test split
 SPLITS = ("train", "val", "test")  # test is read by the harness alone
 CHECK_SEED = 1234             # the fixed training rows both train.py and the harness score (see finish)
+# A tag's scored rows are drawn from at most this many held-out tokens per split: all of the cpu profile's; on gpu
+# the scored rows alone are 20M tokens (86 MB, against 3 KB train.py may carry), and a larger pool adds nothing.
+POOL_TOKENS = 2**20
 
 
 class PrepareError(RuntimeError):
@@ -385,9 +388,10 @@ def make_dataloader(tokenizer: Tokenizer, batch_size: int, seq_len: int, split: 
 def evaluation_rows(split: str = "val", root: Path | None = None, draw: int | None = None) -> np.ndarray:
     """The rows of a held-out split (val or test) a model is scored on: eval_tokens // max_seq_len packed rows of
     max_seq_len + 1 tokens. `draw` is the tag's secret, which the harness keeps where neither the training nor a
-    confined agent can read it: the rows are then drawn from the whole held-out pool (every row of val and test;
-    val's and test's rows disjoint), the same rows for every run of the tag. A train.py that carries held-out
-    text cannot know which of it is scored, and carries little of the pool (docs/integrity.md: the arithmetic).
+    confined agent can read it: the rows are then drawn from the held-out pool (the rows of val and test, at most
+    POOL_TOKENS of each; val's and test's rows disjoint), the same rows for every run of the tag. A train.py that
+    carries held-out text cannot know which of it is scored, and carries little of the pool (docs/integrity.md:
+    the arithmetic).
     Without a draw (a tag set up before it, or by hand): the split's first rows, documents in file order."""
     manifest = load_manifest(root) or require_manifest()
     seq_len, eval_tokens = manifest["max_seq_len"], manifest["eval_tokens"]
@@ -397,7 +401,8 @@ def evaluation_rows(split: str = "val", root: Path | None = None, draw: int | No
     else:
         if split not in ("val", "test"):
             raise ValueError(f"split must be val or test, not {split!r}")
-        pool = np.concatenate([_rows(s, root, seq_len + 1) for s in ("val", "test")])
+        per_split = max(n_rows, POOL_TOKENS // (seq_len + 1))
+        pool = np.concatenate([_rows(s, root, seq_len + 1, per_split) for s in ("val", "test")])
         if len(pool) < 2 * n_rows:
             raise PrepareError(f"The held-out pool has {len(pool)} rows, too few for two draws of {n_rows}; "
                                "add data or prepare with a smaller --eval-tokens.")

@@ -12,6 +12,7 @@ executes: no `--sandbox off`, no tag without bubblewrap, no path the harness wou
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -47,23 +48,23 @@ class BrokerError(errors.HarnessError):
     pass
 
 
-def check(argv: list[str], repo: Path) -> list[str]:
+def check(argv: list[str], repo: Path, parser: argparse.ArgumentParser) -> list[str]:
     """The command line the broker runs for an agent's `argv`, or BrokerError saying what it may ask. The line is
     rebuilt from what the harness's own parser made of `argv` (every option by its full name, `--name=value`):
     an abbreviation, a value that looks like an option or a repeated option means to the harness exactly what
     was checked."""
-    from autoresearch import cli, git, state, tags
+    from autoresearch import git, state, tags
     said = io.StringIO()
     try:
         with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-            args, rest = cli.build_parser().parse_known_args(argv)
+            args, rest = parser.parse_known_args(argv)
     except SystemExit:
         raise BrokerError(f"`autoresearch {' '.join(argv)}`: {said.getvalue().strip().splitlines()[-1:]}") from None
     allowed = BROKERED.get(args.command)
     if allowed is None:
         raise BrokerError(f"`autoresearch {args.command}` does not run inside `autoresearch agent`; the agent may "
                           f"use {', '.join(BROKERED)}. The user runs the others outside the confinement.")
-    actions = [a for a in cli.build_parser()._subparsers._group_actions[0].choices[args.command]._actions
+    actions = [a for a in parser._subparsers._group_actions[0].choices[args.command]._actions
                if a.dest != "help"]
     given = {a.dest: getattr(args, a.dest) for a in actions if getattr(args, a.dest) != a.default}
     extra = sorted(set(given) - allowed)
@@ -102,8 +103,8 @@ class Broker:
     """The broker of one `autoresearch agent`: serve() in a thread, close() at the end. Every request is a JSON
     line {"argv": [...]}; the answer is JSON lines {"out": text} and a last {"rc": exit status}."""
 
-    def __init__(self, repo: Path):
-        self.repo = repo
+    def __init__(self, repo: Path, parser: argparse.ArgumentParser):
+        self.repo, self.parser = repo, parser
         self.dir = Path(tempfile.mkdtemp(prefix="autoresearch-broker-"))  # 0700: the user's (and the sandbox's)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.dir / SOCKET_NAME))
@@ -132,7 +133,7 @@ class Broker:
                 argv = request.get("argv")
                 if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                     raise BrokerError("a request is one JSON line {\"argv\": [strings]}")
-                command = check(argv, self.repo)
+                command = check(argv, self.repo, self.parser)
             except (BrokerError, errors.HarnessError, ValueError) as e:
                 send({"out": f"error: {e}\n"})
                 send({"rc": 2})
@@ -172,8 +173,9 @@ def forward(argv: list[str]) -> int:
     return 1
 
 
-def start(repo: Path, command: list[str], writable: list[str]) -> int:
-    """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker; its exit status."""
+def start(repo: Path, command: list[str], writable: list[str], parser: argparse.ArgumentParser) -> int:
+    """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker checking what it
+    asks with `parser` (the CLI's); its exit status."""
     import prepare
     if not sandbox.bwrap_works():
         raise errors.HarnessError("`autoresearch agent` confines the agent with bubblewrap, which is missing or "
@@ -187,7 +189,7 @@ def start(repo: Path, command: list[str], writable: list[str]) -> int:
     missing = [w for w in writable if not Path(w).exists()]
     if missing:
         raise errors.HarnessError(f"--allow {missing[0]}: no such file or directory")
-    broker = Broker(repo)
+    broker = Broker(repo, parser)
     try:
         argv = sandbox.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
                                   broker=broker.dir)

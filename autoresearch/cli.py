@@ -253,7 +253,7 @@ def _command(args) -> int:
     if args.command == "agent":
         from autoresearch import broker
         command = args.agent_command[1:] if args.agent_command[:1] == ["--"] else args.agent_command
-        return broker.start(repo, command, args.allow)
+        return broker.start(repo, command, args.allow, build_parser())
     if args.command == "ideas":
         print(_ideas(repo, args.apply))
         return OK

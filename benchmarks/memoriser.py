@@ -13,7 +13,12 @@ Each: the baseline under the stat rule (3 runs), then the memoriser under the st
 the means, the paired gain (baseline minus memoriser, same seeds), the decision, and the bound
 8 x limit / (the pool's bytes) bits per byte.
 
+Then, without the seeds' noise: the lookup alone, on one trained model's weights (the draw arm's baseline, or
+--model DIR: any exported model, e.g. runs/latest after `python train.py`), scored with and without it on the
+splits' first rows and on --draws secret draws: the gain it gives, exactly.
+
     AUTORESEARCH_TIME_BUDGET=10 python benchmarks/memoriser.py --out benchmarks/results/memoriser-DATE.jsonl
+    python benchmarks/memoriser.py --model runs/latest --draws 20     # the lookup alone
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ def cli(repo: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def pool_bytes() -> int:
-    """The held-out pool's raw UTF-8 bytes (what bits per byte are counted over)."""
+    """The bytes a draw can score: the targets of every row of the held-out pool (val's and test's rows)."""
+    import numpy as np
     import prepare
-    tokenizer = prepare.Tokenizer.from_directory()
-    sizes = tokenizer.get_token_bytes().numpy()
-    return int(sizes[redteam.held_out_tokens(prepare.cache_dir())].sum())
+    sizes = prepare.Tokenizer.from_directory().get_token_bytes().numpy()
+    row_len = prepare.require_manifest()["max_seq_len"] + 1
+    pool = np.concatenate([prepare._rows(split, None, row_len) for split in ("val", "test")])
+    return int(sizes[pool[:, 1:]].sum())
 
 
 def memoriser_source(base: str) -> tuple[str, int]:
@@ -64,6 +71,33 @@ def memoriser_source(base: str) -> tuple[str, int]:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return redteam.memoriser(base, tokens, lo), lo
+
+
+def lookup_gain(model_dir: Path, draws: int) -> dict:
+    """val_bpb without the lookup minus with it, on the same weights: the first rows and `draws` secret draws."""
+    import numpy as np
+    import prepare
+    import torch
+
+    from autoresearch import evaluate
+    module, shape = evaluate.load_program(prepare, model_dir, "cpu")
+    tokens = prepare.evaluation_rows("val").reshape(-1)
+    source, n = memoriser_source((ROOT / "train.py").read_text())
+    namespace = {"torch": torch}
+    exec(redteam.memo_code(tokens, n), namespace)
+    memo = namespace["_Memo"](module)
+    token_bytes = prepare.Tokenizer.from_directory().get_token_bytes()
+
+    dtype = json.loads((model_dir / prepare.RESULT_FILE).read_text())["dtype"]
+
+    def gain(rows) -> float:
+        with torch.no_grad(), prepare.autocast_for("cpu", dtype):
+            return (prepare.rows_bpb(module, rows, token_bytes, shape[0])
+                    - prepare.rows_bpb(memo, rows, token_bytes, shape[0]))
+    drawn = [gain(prepare.evaluation_rows("val", draw=int(d)))
+             for d in np.random.default_rng(0).integers(0, 2**62, draws)]
+    return {"model": str(model_dir), "carried_tokens": n, "first_rows_gain": gain(prepare.evaluation_rows("val")),
+            "draw_gains": drawn, "draw_gain_mean": float(np.mean(drawn)), "draw_gain_max": float(np.max(drawn))}
 
 
 def summary(arm: str, repo: Path) -> dict:
@@ -84,9 +118,17 @@ def summary(arm: str, repo: Path) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="JSON lines file (default benchmarks/results/memoriser-<date>.jsonl)")
+    parser.add_argument("--model", type=Path, help="only the lookup's gain on this exported model's weights")
+    parser.add_argument("--draws", type=int, default=20, help="secret draws the lookup is scored on (default 20)")
     args = parser.parse_args(argv)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"memoriser-{time.strftime('%Y-%m-%d')}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.model:
+        result = lookup_gain(args.model, args.draws) | {"hardware": machine.hardware()}
+        print(json.dumps(result), flush=True)
+        with open(out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+        return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     hw = machine.hardware()
     pool = pool_bytes()
@@ -110,7 +152,14 @@ def main(argv=None) -> int:
         for arm, repo in repos.items():
             (repo / "train.py").write_text(memo_source)
             cli(repo, "run", "-m", "memoriser", env=env)
+        kept = [r for r in ledger.read(state.results(repos["draw"])) if r.description == "baseline" and
+                r.status == "keep"]
+        model_dir = state.run_dir(repos["draw"], kept[-1].run_id) / "out" if kept else None
         with open(out, "a") as f:
+            if model_dir is not None and (model_dir / "model.graph.json").exists():
+                result = lookup_gain(model_dir, args.draws) | {"hardware": hw}
+                print(json.dumps(result), flush=True)
+                f.write(json.dumps(result) + "\n")
             for arm, repo in repos.items():
                 result = summary(arm, repo) | {"pool_bytes": pool, "bound_bpb": bound,
                                                "limit_bytes": heldout.LIMIT_BYTES, "hardware": hw,

@@ -604,16 +604,21 @@ def held_out_tokens(cache: Path):
     return np.concatenate([np.load(cache / manifest["data_dir"] / f"{s}.tokens.npy") for s in ("val", "test")])
 
 
-def memoriser(source: str, tokens, n: int, pad: int = 0) -> str:
-    """`source` (a train.py that calls finish(model, ...)) carrying tokens[:n] and `pad` random bytes, its model
-    wrapped in the lookup before it is exported."""
+def memo_code(tokens, n: int, pad: int = 0) -> str:
+    """MEMO carrying tokens[:n], and `pad` random bytes beside them (what more held-out text would weigh)."""
     import lzma
     import numpy as np
     blob = lzma.compress(np.asarray(tokens[:n], dtype=np.uint16).tobytes(), preset=9 | lzma.PRESET_EXTREME)
-    text = repr(base64.b85encode(blob + os.urandom(pad)).decode()) if pad else repr(base64.b85encode(blob).decode())
-    memo = MEMO.replace("BLOB", text)
+    more = f"\n_MORE = {base64.b85encode(os.urandom(pad)).decode()!r}\n" if pad else ""
+    return MEMO.replace("BLOB", repr(base64.b85encode(blob).decode())) + more
+
+
+def memoriser(source: str, tokens, n: int, pad: int = 0) -> str:
+    """`source` (a train.py that calls finish(model, ...)) with memo_code() and its model wrapped in the lookup
+    before it is exported."""
     at = source.find("\ndef main(") if "\ndef main(" in source else source.find("\nfinish(")
-    return source[:at] + "\n" + memo + source[at:].replace("finish(model,", "finish(_Memo(model),", 1)
+    return (source[:at] + "\n" + memo_code(tokens, n, pad)
+            + source[at:].replace("finish(model,", "finish(_Memo(model),", 1))
 
 
 def largest(build, n_max: int, fits) -> str:
