@@ -52,12 +52,16 @@ def key(config_id: str, config: dict) -> str:
     harness: OMP_NUM_THREADS = the tag's threads per run), the torch version, the GPU's name and CUDA version
     (CacheBase.get_system) and the default dtype; a C++ kernel's key has the compile command with the CPU's
     vector ISA (pick_vec_isa; machine.hardware's CPU name carries it). train.py's matmul dtype follows the device
-    and the tag's peak FLOP/s (prepare.pick_dtype), measured per machine, threads and torch (tags.machine_peaks).
-    So: the device and threads in clear, the device's name and torch hashed. Keyed by configuration alone, a
-    base filled at 2 threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside
-    its budget (issue 34)."""
+    and the tag's peak FLOP/s (prepare.pick_dtype), measured at each tag's setup. So: the device and threads in
+    clear, the device's name, torch and the tag's peaks hashed. Keyed by configuration alone, a base filled at 2
+    threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside its budget
+    (issue 34)."""
     hw = config.get("hardware") or machine.hardware()
-    machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch")]).encode()).hexdigest()
+    # the tag's measured peaks decide bf16 or float32 on a CPU (bf16 at 2x fp32's): on a 2-core AMD EPYC whose
+    # ratio sits near 2, two tags chose differently, and a base filled for float32 served a bf16 baseline nothing
+    # (its first step 46 s of a 30 s budget). Keyed by the peaks, a tag fills its own base
+    machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch"),
+                                            config.get("peak_flops")], sort_keys=True).encode()).hexdigest()
     return f"{config_id}-{hw.get('device')}-t{tags.threads_per_run(config)}-{machine_id[:8]}"
 
 

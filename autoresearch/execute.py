@@ -15,7 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import compiled, evaluate, fixed, guard, heldout, processes, sandbox, state, supervise, tags
+from autoresearch import compiled, evaluate, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
@@ -42,6 +42,9 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
     clock, threads, budget = config["clock"], tags.threads_per_run(config), config["budget_s"]
     out = run_dir / sandbox.OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
+    problem = checked_source(repo, config, run_dir, pending.get("commit"))
+    if problem:
+        return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
     view = sandbox.make_view(run_dir, fixed_half.cache, fixed_half.manifest, config.get("peak_flops"))
     if compile_base is not None:
         compiled.private_copy(compile_base, run_dir)
@@ -149,6 +152,20 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             state.atomic_json(run_dir / state.EVALUATION, evaluation)
         status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
         return Execution(status, refusal or crash or "", result, evaluation, training)
+
+
+def checked_source(repo: Path, config: dict, run_dir: Path, commit: str | None) -> str | None:
+    """train.py read once, checked, and kept in run_dir (sandbox.SOURCE) for the training: what runs is what was
+    checked, and what was committed. Why not, or None. A confined agent can rewrite the work tree's train.py at
+    any moment (`autoresearch agent`): between the run's own check and its commit, or while it trains."""
+    source = (repo / state.EDITABLE).read_bytes()
+    (run_dir / sandbox.SOURCE).write_bytes(source)
+    committed = git.git(repo, "rev-parse", f"{commit}:{state.EDITABLE}") if commit else None
+    if committed and git.blob_id(repo, state.EDITABLE, source) != committed:
+        return (f"{state.EDITABLE} changed after it was checked and committed ({commit[:7]}); leave it alone "
+                "while a run starts or trains")
+    base = git.git(repo, "show", f"{config['base_commit']}:{state.EDITABLE}", strip=False).encode()
+    return heldout.problem(source, config, base)
 
 
 def outside_seconds(config: dict, training: supervise.Training) -> float:

@@ -89,6 +89,12 @@ def restore(repo: Path, paths: list[str]) -> None:
                 f.unlink()
 
 
+def blob_id(repo: Path, path: str, content: bytes) -> str:
+    """The id git gives `content` as `path` (its filters applied, as `git add` would), stored nowhere."""
+    return subprocess.run(["git", "hash-object", "--stdin", "--path", path], cwd=repo, input=content,
+                          capture_output=True, check=True).stdout.decode().strip()
+
+
 def commit_with(repo: Path, parent: str, path: str, content: str, message: str) -> str:
     """A commit object: `parent` with `path` replaced by `content`, made without touching the work tree, the
     index or any branch (the driver of parallel workers records candidates this way; a keep moves the branch)."""

@@ -34,10 +34,11 @@ def carried_bytes(source: bytes, base: bytes) -> int:
     return len(packer.compress(source) + packer.flush())
 
 
-def secrets_dir() -> Path:
-    """Beside the data cache (<cache>-secrets): no sandbox mounts it, and agents see no ~/.cache/autoresearch*."""
+def secrets_dir(cache: Path | None = None) -> Path:
+    """Beside the data cache (<cache>-secrets): no sandbox mounts it, and an agent's hides it (sandbox.wrap_agent
+    creates it first: a directory made after an agent's sandbox started would be visible in it)."""
     import prepare
-    cache = prepare.cache_dir().resolve()
+    cache = (cache or prepare.cache_dir()).resolve()
     return cache.parent / f"{cache.name}-secrets"
 
 
@@ -67,3 +68,17 @@ def draw(config: dict) -> int | None:
         raise HarnessError(f"This tag's secret draw ({path}) is missing or damaged: its runs cannot be scored on "
                            "the rows of its earlier runs. Restore the file, or set up a new tag "
                            "(`autoresearch setup --tag NEW`).") from None
+
+
+def problem(raw: bytes, config: dict, base: bytes) -> str | None:
+    """Why train.py's bytes may not run under this tag, or None: over its size limit, or carrying more than its
+    limit beyond its base. Checked before a run and again on the bytes the training is given (execute.py)."""
+    if len(raw) > config["max_train_bytes"]:
+        return (f"train.py has {len(raw):,} bytes, more than this tag's limit of {config['max_train_bytes']:,} "
+                "(set at setup): a file that size carries data, not code. Remove what it embeds")
+    carried = carried_bytes(raw, base)
+    if carried > config["max_carried_bytes"]:
+        return (f"train.py carries {carried:,} bytes beyond the tag's base (compressed with the base as "
+                f"dictionary), more than this tag's limit of {config['max_carried_bytes']:,}: that is data, not "
+                "a change of code (this project's whole history of train.py is 2 KB). Remove what it embeds")
+    return None

@@ -151,18 +151,7 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
 def train_py_problem(raw: bytes, config: dict, base: bytes) -> str | None:
     """Why this train.py may not run under this tag, or None: not UTF-8 text, over the tag's size limit, or
     carrying more than the tag's limit beyond its base (heldout.py). Both loops ask here."""
-    problem = source_problem(raw)
-    if problem:
-        return problem
-    if len(raw) > config["max_train_bytes"]:
-        return (f"{EDITABLE} has {len(raw):,} bytes, more than this tag's limit of {config['max_train_bytes']:,} "
-                "(set at setup): a file that size carries data, not code. Remove what it embeds")
-    carried = heldout.carried_bytes(raw, base)
-    if carried > config["max_carried_bytes"]:
-        return (f"{EDITABLE} carries {carried:,} bytes beyond the tag's base (compressed with the base as "
-                f"dictionary), more than this tag's limit of {config['max_carried_bytes']:,}: that is data, not "
-                "a change of code (this project's whole history of train.py is 2 KB). Remove what it embeds")
-    return None
+    return source_problem(raw) or heldout.problem(raw, config, base)
 
 
 def source_problem(raw: bytes) -> str | None:

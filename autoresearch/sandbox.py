@@ -33,10 +33,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autoresearch import heldout
+
 MODES = ("auto", "on", "off")
 VIEW_DIR = "data"        # in a run's directory: the training's data view (read-only to it)
 OUT_DIR = "out"          # in a run's directory: the only directory the training writes
 COMPILE_DIR = "compile"  # in a run's directory: the run's private, throwaway copy of the compile cache
+SOURCE = "train.py"      # in a run's directory: the train.py the run checked, the one its sandbox shows
 PEAK_FILE = "peak_flops.json"  # the tag's device measurements, written into the view by the harness
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda", "/sys")
 
@@ -177,12 +180,14 @@ def _finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:
 
 
 def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict) -> list[str]:
-    """The training's sandbox: train.py and prepare.py at their paths, the view and the training files
-    read-only, out/ and the compile cache's private copy writable."""
+    """The training's sandbox: train.py (the run's checked copy) and prepare.py at their paths, the view and the
+    training files read-only, out/ and the compile cache's private copy writable."""
     args = empty_root()
-    for name in ("train.py", "prepare.py"):
-        args += ["--ro-bind", str(repo / name), str(repo / name)]
-    args += ["--ro-bind", str(run_dir / VIEW_DIR), str(run_dir / VIEW_DIR)]
+    # the bytes the harness checked (execute.py), never the work tree's train.py, which an agent confined beside
+    # this run may rewrite while it trains
+    source = run_dir / SOURCE if (run_dir / SOURCE).is_file() else repo / "train.py"
+    args += ["--ro-bind", str(source), str(repo / "train.py"), "--ro-bind", str(repo / "prepare.py"),
+             str(repo / "prepare.py"), "--ro-bind", str(run_dir / VIEW_DIR), str(run_dir / VIEW_DIR)]
     for rel in training_files(manifest):
         real = str((cache / rel).resolve())
         args += ["--ro-bind", real, real]
@@ -237,7 +242,10 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     for d in python_dirs() + [workdir.resolve()]:  # back where /tmp's tmpfs hid them (a venv or checkout there)
         if d.is_relative_to("/tmp"):
             args += ["--ro-bind", str(d), str(d)]
-    # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one) and the compile caches
+    # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one), the compile caches and
+    # the tags' secret draws, made first if missing: a directory created later, under the read-only root, would
+    # be visible (the first `setup`, run through the broker, creates the secrets' directory)
+    heldout.secrets_dir(cache).mkdir(mode=0o700, parents=True, exist_ok=True)
     caches = {cache, *cache.parent.glob(cache.name + "*"), *(home / ".cache").glob("autoresearch*")}
     for other in sorted(c.resolve() for c in caches if c.is_dir()):
         args += ["--tmpfs", str(other)]
