@@ -13,6 +13,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 from autoresearch import git, guard, ledger, proposer, sandbox, state
@@ -108,6 +109,7 @@ class ExternalAgent:
         self.argv = command_for(spec)
         self.name = spec
         self.last_outcome = None
+        self.private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # its session's private state
 
     def propose(self, context: dict) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
@@ -116,7 +118,8 @@ class ExternalAgent:
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
             import prepare
-            argv = sandbox.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest())
+            argv = sandbox.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest(),
+                                      private=self.private)
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])
@@ -158,6 +161,7 @@ class ExternalAgent:
         """End the agent's process group if it is still thinking (a parallel loop stopping from another thread)."""
         if self.proc is not None and self.proc.poll() is None:
             _kill_group(self.proc)
+        shutil.rmtree(self.private, ignore_errors=True)
 
 
 class WorkerProposers:

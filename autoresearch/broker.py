@@ -106,8 +106,9 @@ class Broker:
     def __init__(self, repo: Path, parser: argparse.ArgumentParser):
         self.repo, self.parser = repo, parser
         self.dir = Path(tempfile.mkdtemp(prefix="autoresearch-broker-"))  # 0700: the user's (and the sandbox's)
+        (self.dir / "socket").mkdir()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(self.dir / SOCKET_NAME))
+        self.sock.bind(str(self.dir / "socket" / SOCKET_NAME))
         self.sock.listen(8)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -186,13 +187,17 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     command = command or [os.environ.get("SHELL") or "bash"]
     if shutil.which(command[0]) is None:
         raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
-    missing = [w for w in writable if not Path(w).exists()]
-    if missing:
-        raise errors.HarnessError(f"--allow {missing[0]}: no such file or directory")
+    for w in writable:
+        problem = (f"--allow {w}: no such file or directory" if not Path(w).exists()
+                   else sandbox.allow_problem(Path(w), repo, prepare.cache_dir()))
+        if problem:
+            raise errors.HarnessError(problem)
     broker = Broker(repo, parser)
     try:
+        private = broker.dir / "state"
+        private.mkdir()
         argv = sandbox.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
-                                  broker=broker.dir)
+                                  broker=broker.dir / "socket", private=private)
         inside = f"{sandbox.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "

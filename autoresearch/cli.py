@@ -80,6 +80,30 @@ def _status(repo: Path) -> str:
     return "\n".join(lines)
 
 
+def seed(text: str) -> int:
+    """A run's seed: 0 to 2**31 - 1 (a seed of 4,000 digits reached the training whole: 1.8 KB carried per run
+    beside train.py's checked bytes)."""
+    value = int(text)
+    if not 0 <= value < 2**31:
+        raise argparse.ArgumentTypeError(f"{text}: a seed is between 0 and {2**31 - 1}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A timeout: finite and positive (NaN never killed a run, -1 killed every one at once)."""
+    value = float(text)
+    if not 0 < value < 1e9:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds above 0")
+    return value
+
+
+def tokens(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text}: between 1 and 100,000 tokens")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line, defined once: main() parses with it, the broker (broker.py) checks an agent's with it."""
     from autoresearch import __version__
@@ -91,30 +115,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
     p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP + "; fixed for the tag")
-    p.add_argument("--timeout", type=float, help="seconds before a run is killed (default 2 x budget + 120); fixed "
+    p.add_argument("--timeout", type=seconds, help="seconds before a run is killed (default 2 x budget + 120); fixed "
                    "for the tag")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto", help=SANDBOX_HELP)
     p = sub.add_parser("run", help="run one experiment")
     p.add_argument("-m", "--message", required=True, help="what this experiment tries (the commit message)")
-    p.add_argument("--seed", type=int, default=42,
+    p.add_argument("--seed", type=seed, default=42,
                    help="seed of every configuration's first run; under the stat rule its k-th run adds k - 1, so "
                         "that runs of two configurations pair up: use one value for a whole tag")
     p.add_argument("--decision", choices=["stat", "naive"], help="default: the tag's (set at setup)")
-    p.add_argument("--timeout", type=float, help="seconds before the run is killed (default: the tag's; never more)")
+    p.add_argument("--timeout", type=seconds, help="seconds before the run is killed (default: the tag's; never more)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help="default: the tag's (set at setup); a run "
                    "that asks for less protection than its tag is refused")
     p.add_argument("--detach", action="store_true", help="start it in the background and return (for agents whose "
                    "shell tool times out); `autoresearch wait` returns when it ends")
     p = sub.add_parser("wait", help="wait until the experiment in the background (or a loop) ends")
-    p.add_argument("--timeout", type=float, default=240, help="seconds to wait at most (default 240, under agents' "
+    p.add_argument("--timeout", type=seconds, default=240, help="seconds to wait at most (default 240, under agents' "
                    "shell timeouts); exit status 3 if it is still running then")
     sub.add_parser("stop", help="the loop stops after the experiment in flight (the dashboard's stop button)")
     sub.add_parser("best", help="the champion: mean +- sem, test_bpb, its diff against the base, its exported model")
     p = sub.add_parser("sample", help="text written by the champion's exported model")
     p.add_argument("--prompt", default="", help="text to continue (default: a new document)")
-    p.add_argument("--tokens", type=int, default=200, help="tokens to generate (default 200)")
+    p.add_argument("--tokens", type=tokens, default=200, help="tokens to generate (default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="0: always the likeliest token (default 0.8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--run", dest="run_id", help="a kept run's id (default: the champion's newest kept run)")
     p = sub.add_parser("clean", help="what can be deleted, and how much; nothing is deleted without --yes")
     p.add_argument("--yes", action="store_true", help="delete it (records, logs and champion models always stay)")

@@ -164,6 +164,9 @@ def empty_root() -> list[str]:
         args += ["--dev-bind", node, node]
     for entry in PROC_READ_ONLY:
         args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
+    # /proc/locks is the host's, and shows OFD locks (pid -1) to every pid namespace with their byte ranges: an
+    # agent confined beside a run sent it 8 KB that way (locks on a file both see), past train.py's checked bytes
+    args += ["--ro-bind", "/dev/null", "/proc/locks"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(d), d]
@@ -223,11 +226,18 @@ def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
 # here is read by the harness: a file the harness executes or imports (its code, the Python installation, git's
 # configuration and hooks, the repository's fixed files) written by the agent would run outside the sandbox.
 AGENT_STATE = (".claude", ".claude.json", ".codex", ".local/state/claude", ".cache/claude", ".cache/codex")
+# ... but not what the agent, started later outside the sandbox, would run or obey: hooks and MCP servers in its
+# settings, commands, instructions (a SessionStart hook written from inside copied the held-out files out at the
+# next unconfined start). These stay read-only where they exist; ~/.claude.json (MCP servers) is a private copy.
+AGENT_CODE = (".claude/settings.json", ".claude/settings.local.json", ".claude/CLAUDE.md", ".claude/commands",
+              ".claude/agents", ".claude/hooks", ".claude/plugins", ".claude/skills", ".codex/config.toml",
+              ".codex/AGENTS.md", ".codex/prompts")
+PRIVATE_STATE = (".claude.json",)
 BROKER_DIR = "/tmp/autoresearch-broker"  # inside an agent's sandbox: the broker's socket (broker.py)
 
 
 def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writable: list[Path] = (),
-               broker: Path | None = None) -> list[str]:
+               broker: Path | None = None, private: Path | None = None) -> list[str]:
     """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
     (`autoresearch agent`). The machine read-only, with the network (its model's API) and the user's programs;
     writable only: `workdir`'s train.py, the agents' own state (AGENT_STATE), `writable`, a private /tmp and
@@ -235,7 +245,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     tokens, no downloads); every other prepared cache, the compile caches, the local corpus and npm's cache
     (gutenberg's raw books) are hidden. Its own process namespace and /proc (no other process, and
     so no /proc/PID/root or fd/ of the harness's), no capability, a new session (no TIOCSTI into the user's
-    terminal). `broker`: the directory of the broker's socket (broker.py), bound at BROKER_DIR."""
+    terminal), no host socket under /run. `broker`: the directory of the broker's socket (broker.py), bound at
+    BROKER_DIR. `private`: a directory of the caller's for the session's copies of PRIVATE_STATE."""
     cache, home = cache.resolve(), Path.home()
     args = ["bwrap", *CONFINED, "--ro-bind", "/", "/", "--die-with-parent", "--new-session", "--unshare-pid",
             "--unshare-ipc", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
@@ -264,10 +275,42 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
         elif hidden and Path(hidden).is_file():
             args += ["--ro-bind", "/dev/null", str(hidden)]
     args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
-    for path in [home / rel for rel in AGENT_STATE] + [Path(w).resolve() for w in writable]:
+    shared = [home / rel for rel in AGENT_STATE if rel not in PRIVATE_STATE]
+    for path in shared + [Path(w).resolve() for w in writable]:
         if path.exists():
             args += ["--bind", str(path), str(path)]
+    for rel in AGENT_CODE:
+        if (home / rel).exists():
+            args += ["--ro-bind", str(home / rel), str(home / rel)]
+    for rel in PRIVATE_STATE:
+        if (home / rel).is_file() and private is not None:
+            copy = private / rel.lstrip(".")
+            shutil.copyfile(home / rel, copy)
+            args += ["--bind", str(copy), str(home / rel)]
+    # the host's sockets under /run (a user's systemd bus, docker, screen, ssh-agent run commands outside as you),
+    # DNS's stub kept
+    args += ["--tmpfs", "/run"]
+    for keep in ("/run/systemd/resolve",):
+        if os.path.isdir(keep):
+            args += ["--ro-bind", keep, keep]
+    if os.environ.get("RAY_AUTH_TOKEN_PATH") and os.path.isfile(os.environ["RAY_AUTH_TOKEN_PATH"]):
+        args += ["--ro-bind", "/dev/null", os.environ["RAY_AUTH_TOKEN_PATH"]]
     args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
     if broker is not None:
         args += ["--bind", str(broker), BROKER_DIR]
     return args + ["--chdir", str(workdir), "--", *argv]
+
+
+def allow_problem(path: Path, repo: Path, cache: Path) -> str | None:
+    """Why `path` may not be writable in an agent's sandbox (`autoresearch agent --allow`), or None: it may not
+    be, hold or lie inside the repository (its .git: a core.fsmonitor ran outside at the broker's next git
+    call), a prepared or compile cache, the secrets, Ray's token, the Python installation, or be your home."""
+    path, home = path.resolve(), Path.home().resolve()
+    guarded = [repo.resolve(), *cache.resolve().parent.glob(cache.resolve().name + "*"),
+               *(home / ".cache").glob("autoresearch*"), home / ".ray", *python_dirs()]
+    for g in guarded:
+        if path == g or path.is_relative_to(g) or g.is_relative_to(path):
+            return f"--allow {path}: it is, holds or lies inside {g}, which an agent may not write"
+    if home.is_relative_to(path):
+        return f"--allow {path}: it holds your home directory; allow the agent's own directories only"
+    return None

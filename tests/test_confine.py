@@ -6,6 +6,7 @@ protection. Fast but the last: a probe instead of an agent, no training."""
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +48,7 @@ PROBE = textwrap.dedent(r'''
     out["run_off"] = harness("run", "-m", "x", "--sandbox", "off")
     out["loop"] = harness("loop")
     out["report_out"] = harness("report", "--out", "/tmp/x.png")
+    out["huge_seed"] = harness("run", "-m", "x", "--seed", "9" * 4000)  # a second channel into the training
     print("PROBE " + json.dumps(out))
 ''')
 
@@ -75,9 +77,13 @@ def test_an_agent_started_by_hand_reaches_no_held_out_row_and_drives_the_harness
     rc, text = seen["status"]
     assert rc == 0 and json.loads(text)["current_tag"] == "conf", text
     for key, fix in (("run_off", "bubblewrap"), ("loop", "does not run inside"), ("report_out", "takes only"),
-                     ("setup_again", "not from an experiment branch")):
+                     ("setup_again", "not from an experiment branch"), ("huge_seed", "a seed is between")):
         rc, text = seen[key]
         assert rc == 2 and fix in text, (key, text)
+
+
+def small_cache_of(env) -> Path:
+    return Path(env["AUTORESEARCH_CACHE"])
 
 
 def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env, bwrap_or_skip):
@@ -86,6 +92,9 @@ def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env
     assert proc.returncode == 2 and "not on PATH" in proc.stderr
     proc = cli(repo, "agent", "--allow", "/no/such/dir", "--", "true", env=env)
     assert proc.returncode == 2 and "--allow /no/such/dir" in proc.stderr
+    for undoing in (repo, repo / ".git", small_cache_of(env), Path.home()):  # .git: a core.fsmonitor runs outside
+        proc = cli(repo, "agent", "--allow", str(undoing), "--", "true", env=env)
+        assert proc.returncode == 2 and "may not write" in proc.stderr or "home" in proc.stderr, proc.stderr
 
 
 def test_a_train_py_carrying_more_than_the_tags_limit_is_refused_before_it_runs(repo, env):
@@ -140,3 +149,33 @@ def test_an_agent_started_by_hand_runs_a_short_night_through_the_broker(repo, en
     assert recorded[-1].description.startswith("shorter warmdown (0.3)") and recorded[-1].status in ("keep", "discard")
     assert all(r.protection == "bwrap" for r in recorded)
     assert "WARMDOWN_RATIO = 0.3" in sh(repo, "git", "show", f"{recorded[-1].commit}:train.py")
+
+
+def test_a_run_trains_on_the_train_py_it_checked_and_committed(repo, env, tmp_path):
+    """A confined agent may rewrite train.py at any moment: between the check and the commit, or while the run
+    trains. What runs is a copy read once (bound at train.py's path in the sandbox), checked again, and equal
+    to the commit."""
+    import json as _json
+    import os
+
+    from autoresearch import execute, git, sandbox, tags
+    assert cli(repo, "setup", "--tag", "snap", "--sandbox", "off", env=env).returncode == 0
+    old = dict(os.environ)
+    os.environ.update(AUTORESEARCH_CACHE=env["AUTORESEARCH_CACHE"])
+    try:
+        config = tags.load_tag(repo)
+        (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# the change\n")
+        commit = git.commit_file(repo, "train.py", "change")
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        assert execute.checked_source(repo, config, run_dir, commit) is None
+        assert (run_dir / sandbox.SOURCE).read_bytes() == (repo / "train.py").read_bytes()
+        (repo / "train.py").write_text((repo / "train.py").read_text() + "\nX = 1  # swapped in after\n")
+        assert "changed after it was checked and committed" in execute.checked_source(repo, config, run_dir, commit)
+        argv = sandbox.wrap(["true"], repo, run_dir, Path(env["AUTORESEARCH_CACHE"]), _json.loads(
+            (Path(env["AUTORESEARCH_CACHE"]) / "manifest.json").read_text()))
+        at = argv.index(str(repo / "train.py"))
+        assert argv[at - 1] == str(run_dir / sandbox.SOURCE)  # the copy, never the work tree's
+    finally:
+        os.environ.clear()
+        os.environ.update(old)

@@ -34,6 +34,10 @@ try:  # the same value back: harmless if it goes through
 except OSError as e:
     out["core_pattern"] = e.strerror
 out["host_devices"] = sorted(d for d in os.listdir("/dev") if d.startswith(("loop", "vd", "sd", "nvme", "kvm", "zram")))
+try:  # the host's OFD locks: a channel from an agent beside the run
+    out["locks"] = open("/proc/locks").read()
+except OSError as e:
+    out["locks"] = e.strerror
 print(json.dumps(out))
 '''
 
@@ -50,7 +54,8 @@ def test_inside_the_sandbox_nothing_has_a_capability(tmp_path, bwrap_or_skip):
     seen = json.loads(proc.stdout)
     assert seen == {"caps": "0000000000000000", "by_handle": "Operation not permitted",
                     "mount": "Operation not permitted", "remount": "Operation not permitted",
-                    "held_out_visible": False, "core_pattern": "Read-only file system", "host_devices": []}, seen
+                    "held_out_visible": False, "core_pattern": "Read-only file system", "host_devices": [],
+                    "locks": "Permission denied"}, seen
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="what root keeps without a user namespace: only root can show it")
