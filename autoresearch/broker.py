@@ -139,7 +139,10 @@ class Broker:
                 send({"out": f"error: {e}\n"})
                 send({"rc": 2})
                 return
-            env = {k: v for k, v in os.environ.items() if k != BROKER_ENV}
+            # git's and Python's per-user start-up files are not read: an agent that could write one (an --allow
+            # too wide) would run code here, outside its sandbox
+            env = {k: v for k, v in os.environ.items() if k != BROKER_ENV} | {
+                "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PYTHONNOUSERSITE": "1"}
             proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=self.repo, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             for chunk in iter(lambda: proc.stdout.read1(4096), b""):
@@ -201,7 +204,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         inside = f"{sandbox.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
-              f"its own state ({', '.join('~/' + s for s in sandbox.AGENT_STATE)}, where they exist)"
+              f"its credentials and session records (~/.claude/.credentials.json, ~/.claude/projects, ...)"
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
               f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         return subprocess.call(argv)

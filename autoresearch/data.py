@@ -23,6 +23,7 @@ import numpy as np
 from prepare import (MANIFEST_NAME, MANIFEST_VERSION, PROFILES, SPECIAL_TOKENS, PrepareError, Tokenizer, cache_dir,
                      default_profile, evaluation_rows, load_manifest, sha256_file, verify)
 
+from autoresearch import sandbox
 from autoresearch.sources import (CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD, atomic_write_bytes, local_files,
                                   prepare_climbmix, prepare_gutenberg, prepare_local, read_texts)
 
@@ -116,6 +117,7 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
         raise PrepareError("--num-shards must be at least 1 (training shards).")
 
     root = cache_dir()
+    sandbox.record_cache(root)  # wherever it lives, every agent's sandbox hides it
     try:
         existing = load_manifest(root)
     except PrepareError:

@@ -221,18 +221,20 @@ def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
     return _finish(args, workdir, argv)
 
 
-# What agents keep writable beside train.py, where these exist: their own state and credentials (Claude Code's
-# ~/.claude and ~/.claude.json, Codex's ~/.codex, aider's history in the working directory is not needed). Nothing
-# here is read by the harness: a file the harness executes or imports (its code, the Python installation, git's
-# configuration and hooks, the repository's fixed files) written by the agent would run outside the sandbox.
-AGENT_STATE = (".claude", ".claude.json", ".codex", ".local/state/claude", ".cache/claude", ".cache/codex")
-# ... but not what the agent, started later outside the sandbox, would run or obey: hooks and MCP servers in its
-# settings, commands, instructions (a SessionStart hook written from inside copied the held-out files out at the
-# next unconfined start). These stay read-only where they exist; ~/.claude.json (MCP servers) is a private copy.
-AGENT_CODE = (".claude/settings.json", ".claude/settings.local.json", ".claude/CLAUDE.md", ".claude/commands",
-              ".claude/agents", ".claude/hooks", ".claude/plugins", ".claude/skills", ".codex/config.toml",
-              ".codex/AGENTS.md", ".codex/prompts")
+# What agents keep writable beside train.py, where these exist: their credentials and the records of their
+# sessions, nothing they run or obey. Their state directories are otherwise read-only: a SessionStart hook written
+# into ~/.claude/settings.json from inside (created where none existed) copied the held-out files out when the user
+# next started Claude Code outside the sandbox; ~/.claude also holds its statusLine scripts and its own install
+# (~/.claude/local). ~/.claude.json (its MCP servers are commands) is a private copy for the session.
+AGENT_DATA = (".claude/.credentials.json", ".claude/projects", ".claude/todos", ".claude/shell-snapshots",
+              ".claude/statsig", ".claude/ide", ".claude/history.jsonl", ".claude/session-env",
+              ".claude/file-history", ".claude/debug", ".claude/plans", ".codex/auth.json", ".codex/sessions",
+              ".codex/log", ".codex/history.jsonl", ".local/state/claude", ".cache/claude", ".cache/codex")
 PRIVATE_STATE = (".claude.json",)
+# Hidden from agents besides the caches: services on localhost whose tokens live under home run code on request
+# (Jupyter's runtime files), and Ray's token
+HIDDEN_HOME = (".npm", ".ray", ".local/share/jupyter/runtime")
+REGISTRY = "autoresearch-caches.json"  # in ~/.cache: every data cache the harness prepared (data.py), all hidden
 BROKER_DIR = "/tmp/autoresearch-broker"  # inside an agent's sandbox: the broker's socket (broker.py)
 
 
@@ -240,7 +242,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
                broker: Path | None = None, private: Path | None = None) -> list[str]:
     """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
     (`autoresearch agent`). The machine read-only, with the network (its model's API) and the user's programs;
-    writable only: `workdir`'s train.py, the agents' own state (AGENT_STATE), `writable`, a private /tmp and
+    writable only: `workdir`'s train.py, the agents' credentials and session records (AGENT_DATA), `writable`,
+    a private /tmp and
     ~/.npm. The data cache shows the manifest, the tokenizer and the training files only (no validation or test
     tokens, no downloads); every other prepared cache, the compile caches, the local corpus and npm's cache
     (gutenberg's raw books) are hidden. Its own process namespace and /proc (no other process, and
@@ -258,6 +261,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     # be visible (the first `setup`, run through the broker, creates the secrets' directory)
     heldout.secrets_dir(cache).mkdir(mode=0o700, parents=True, exist_ok=True)
     caches = {cache, *cache.parent.glob(cache.name + "*"), *(home / ".cache").glob("autoresearch*")}
+    for other in prepared_caches():  # a second profile's cache elsewhere, its secrets beside it
+        caches |= {other, *other.parent.glob(other.name + "*")}
     for other in sorted(c.resolve() for c in caches if c.is_dir()):
         args += ["--tmpfs", str(other)]
     for entry in PROC_READ_ONLY:
@@ -269,19 +274,15 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     source = manifest.get("source", {}).get("path")
     # the local corpus and npm's cache (gutenberg's raw books); Ray's token (~/.ray/auth_token, 0644): a parallel
     # loop's local runtime runs any task it is sent with it, outside every sandbox
-    for hidden in (source, home / ".npm", home / ".ray"):
+    for hidden in (source, *(home / rel for rel in HIDDEN_HOME)):
         if hidden and Path(hidden).is_dir():
             args += ["--tmpfs", str(hidden)]
         elif hidden and Path(hidden).is_file():
             args += ["--ro-bind", "/dev/null", str(hidden)]
     args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
-    shared = [home / rel for rel in AGENT_STATE if rel not in PRIVATE_STATE]
-    for path in shared + [Path(w).resolve() for w in writable]:
+    for path in [home / rel for rel in AGENT_DATA] + [Path(w).resolve() for w in writable]:
         if path.exists():
             args += ["--bind", str(path), str(path)]
-    for rel in AGENT_CODE:
-        if (home / rel).exists():
-            args += ["--ro-bind", str(home / rel), str(home / rel)]
     for rel in PRIVATE_STATE:
         if (home / rel).is_file() and private is not None:
             copy = private / rel.lstrip(".")
@@ -301,16 +302,45 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     return args + ["--chdir", str(workdir), "--", *argv]
 
 
+# What your shell, git or Python read and run at their next start, outside any sandbox (a core.fsmonitor in
+# ~/.config/git/config ran at the broker's next `git status`)
+STARTUP_FILES = (".config", ".local", ".gitconfig", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zprofile",
+                 ".ssh", ".pyenv", ".claude", ".codex", ".claude.json")
+
+
 def allow_problem(path: Path, repo: Path, cache: Path) -> str | None:
     """Why `path` may not be writable in an agent's sandbox (`autoresearch agent --allow`), or None: it may not
     be, hold or lie inside the repository (its .git: a core.fsmonitor ran outside at the broker's next git
-    call), a prepared or compile cache, the secrets, Ray's token, the Python installation, or be your home."""
+    call), a prepared or compile cache, the secrets, Ray's token, the Python installation, what runs at a shell's,
+    git's or an agent's next start (STARTUP_FILES), or be your home."""
     path, home = path.resolve(), Path.home().resolve()
     guarded = [repo.resolve(), *cache.resolve().parent.glob(cache.resolve().name + "*"),
-               *(home / ".cache").glob("autoresearch*"), home / ".ray", *python_dirs()]
+               *(home / ".cache").glob("autoresearch*"), *prepared_caches(), *python_dirs(),
+               *(home / rel for rel in HIDDEN_HOME + STARTUP_FILES)]
     for g in guarded:
         if path == g or path.is_relative_to(g) or g.is_relative_to(path):
             return f"--allow {path}: it is, holds or lies inside {g}, which an agent may not write"
     if home.is_relative_to(path):
         return f"--allow {path}: it holds your home directory; allow the agent's own directories only"
     return None
+
+
+def registry() -> Path:
+    return Path.home() / ".cache" / REGISTRY
+
+
+def prepared_caches() -> list[Path]:
+    """Every data cache the harness prepared on this machine (data.py records each), as directories."""
+    try:
+        return [Path(p) for p in json.loads(registry().read_text()) if Path(p).is_dir()]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def record_cache(cache: Path) -> None:
+    """Note a prepared cache, so that every agent's sandbox hides it (and its secrets) wherever it lives."""
+    known = {str(p) for p in prepared_caches()} | {str(cache.resolve())}
+    registry().parent.mkdir(parents=True, exist_ok=True)
+    tmp = registry().with_suffix(".tmp")
+    tmp.write_text(json.dumps(sorted(known), indent=1))
+    os.replace(tmp, registry())

@@ -83,6 +83,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     if threads is not None:  # parallel workers: each run gets this many threads (threads_per_run)
         config["threads"] = threads
     config["peak_flops"] = machine_peaks(prepare_source, threads_per_run(config), config["hardware"])
+    sandbox.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
     git.git(repo, "checkout", "-q", "-b", name)
     state.atomic_json(state.tag_file(repo, tag), config)
     ledger.create(state.results(repo))
