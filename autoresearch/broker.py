@@ -191,8 +191,8 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     if shutil.which(command[0]) is None:
         raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
     for w in writable:
-        problem = (f"--allow {w}: no such file or directory" if not Path(w).exists()
-                   else sandbox.allow_problem(Path(w), repo, prepare.cache_dir()))
+        problem = sandbox.allow_problem(Path(w), repo, prepare.cache_dir()) or (
+            None if Path(w).exists() else f"--allow {w}: no such file or directory")
         if problem:
             raise errors.HarnessError(problem)
     broker = Broker(repo, parser)
