@@ -157,7 +157,9 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
     assert not trainings(workers_root) and not ray_processes(t0)
     assert "worker w3 joined" in log.read_text()  # the replacement
     proposed = [r for r in rows if r.description.startswith("shorter warmdown (0.3)")]
-    assert proposed and "agent also edited prepare.py: reverted" in proposed[0].description
+    from autoresearch import sandbox
+    assert proposed and (("reverted" not in proposed[0].description) if sandbox.bwrap_works() else
+                         ("agent also edited prepare.py: reverted" in proposed[0].description))  # confined: it failed
     assert sh(repo, "git", "status", "--porcelain") == ""  # the agent worked in its own copy
     assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
 
