@@ -267,6 +267,7 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
         caches |= {other, *other.parent.glob(other.name + "*")}
     for other in sorted(c.resolve() for c in caches if c.is_dir()):
         args += ["--tmpfs", str(other)]
+    args += ["--ro-bind", str(workdir.resolve()), str(workdir)]  # a parallel loop's agent works under the caches
     for entry in PROC_READ_ONLY:
         args += ["--ro-bind-try", f"/proc/{entry}", f"/proc/{entry}"]
     for name in ("manifest.json", "tokenizer.json"):
