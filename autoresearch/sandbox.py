@@ -253,9 +253,11 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     cache, home = cache.resolve(), Path.home()
     args = ["bwrap", *CONFINED, "--ro-bind", "/", "/", "--die-with-parent", "--new-session", "--unshare-pid",
             "--unshare-ipc", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    # back where /tmp's tmpfs hid them: a venv or checkout there, and the files the command names (a script)
+    # back where /tmp's tmpfs hid them: a venv or checkout there, the harness's own code (so that `autoresearch`
+    # runs inside), and the files the command names (a script)
     named = [Path(a) for a in argv if a.startswith("/tmp/") and os.path.isfile(a)]
-    for d in python_dirs() + [workdir.resolve()] + named:
+    harness = Path(__file__).resolve().parent.parent
+    for d in python_dirs() + [workdir.resolve(), harness] + named:
         if d.is_relative_to("/tmp"):
             args += ["--ro-bind", str(d), str(d)]
     # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one), the compile caches and
