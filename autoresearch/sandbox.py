@@ -257,9 +257,12 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     # runs inside), and the files the command names (a script)
     named = [Path(a) for a in argv if a.startswith("/tmp/") and os.path.isfile(a)]
     harness = Path(__file__).resolve().parent.parent
-    for d in python_dirs() + [workdir.resolve(), harness] + named:
-        if d.is_relative_to("/tmp"):
+    shown: list[Path] = []
+    for d in sorted({d for d in python_dirs() + [workdir.resolve(), harness] + named if d.is_relative_to("/tmp")},
+                    key=lambda d: len(d.parts)):  # parents first; what a parent shows is not bound again
+        if not any(d.is_relative_to(parent) for parent in shown):
             args += ["--ro-bind", str(d), str(d)]
+            shown.append(d)
     # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one), the compile caches and
     # the tags' secret draws, made first if missing: a directory created later, under the read-only root, would
     # be visible (the first `setup`, run through the broker, creates the secrets' directory)
