@@ -204,7 +204,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         inside = f"{sandbox.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
-              f"its credentials and session records (~/.claude/.credentials.json, ~/.claude/projects, ...)"
+              f"its credentials, a private scratch for its session (~/.claude/projects, ...)"
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
               f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         return subprocess.call(argv)

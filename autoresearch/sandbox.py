@@ -221,15 +221,17 @@ def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
     return _finish(args, workdir, argv)
 
 
-# What agents keep writable beside train.py, where these exist: their credentials and the records of their
-# sessions, nothing they run or obey. Their state directories are otherwise read-only: a SessionStart hook written
-# into ~/.claude/settings.json from inside (created where none existed) copied the held-out files out when the user
-# next started Claude Code outside the sandbox; ~/.claude also holds its statusLine scripts and its own install
-# (~/.claude/local). ~/.claude.json (its MCP servers are commands) is a private copy for the session.
-AGENT_DATA = (".claude/.credentials.json", ".claude/projects", ".claude/todos", ".claude/shell-snapshots",
-              ".claude/statsig", ".claude/ide", ".claude/history.jsonl", ".claude/session-env",
-              ".claude/file-history", ".claude/debug", ".claude/plans", ".codex/auth.json", ".codex/sessions",
-              ".codex/log", ".codex/history.jsonl", ".local/state/claude", ".cache/claude", ".cache/codex")
+# What agents keep writable beside train.py: their credentials and prompt history, nothing they run, source or
+# obey. Their state directories are otherwise read-only: a SessionStart hook written into ~/.claude/settings.json
+# from inside (created where none existed) copied the held-out files out when the user next started Claude Code
+# outside the sandbox; ~/.claude also holds its statusLine scripts and its own install (~/.claude/local).
+AGENT_DATA = (".claude/.credentials.json", ".claude/history.jsonl", ".codex/auth.json", ".codex/history.jsonl")
+# What they write during a session and may keep only for it (an empty private directory each time): Claude Code
+# sources its shell snapshots before every command and loads a project's memory/MEMORY.md into every session, so
+# written from inside, either ran or instructed the agent started later outside
+AGENT_SCRATCH = (".claude/projects", ".claude/todos", ".claude/shell-snapshots", ".claude/session-env",
+                 ".claude/statsig", ".claude/ide", ".claude/file-history", ".claude/debug", ".claude/plans",
+                 ".codex/sessions", ".codex/log", ".local/state/claude", ".cache/claude", ".cache/codex")
 PRIVATE_STATE = (".claude.json",)
 # Hidden from agents besides the caches: services on localhost whose tokens live under home run code on request
 # (Jupyter's runtime files), and Ray's token
@@ -242,7 +244,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
                broker: Path | None = None, private: Path | None = None) -> list[str]:
     """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
     (`autoresearch agent`). The machine read-only, with the network (its model's API) and the user's programs;
-    writable only: `workdir`'s train.py, the agents' credentials and session records (AGENT_DATA), `writable`,
+    writable only: `workdir`'s train.py, the agents' credentials and history (AGENT_DATA), their session's
+    scratch (AGENT_SCRATCH: private, gone when it ends), `writable`,
     a private /tmp and
     ~/.npm. The data cache shows the manifest, the tokenizer and the training files only (no validation or test
     tokens, no downloads); every other prepared cache, the compile caches, the local corpus and npm's cache
@@ -266,7 +269,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     # every prepared cache (a second profile's AUTORESEARCH_CACHE beside the default one), the compile caches and
     # the tags' secret draws, made first if missing: a directory created later, under the read-only root, would
     # be visible (the first `setup`, run through the broker, creates the secrets' directory)
-    heldout.secrets_dir(cache).mkdir(mode=0o700, parents=True, exist_ok=True)
+    for prepared in {cache, *prepared_caches()}:
+        heldout.secrets_dir(prepared).mkdir(mode=0o700, parents=True, exist_ok=True)
     caches = {cache, *cache.parent.glob(cache.name + "*"), *(home / ".cache").glob("autoresearch*")}
     for other in prepared_caches():  # a second profile's cache elsewhere, its secrets beside it
         caches |= {other, *other.parent.glob(other.name + "*")}
@@ -291,6 +295,9 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     for path in [home / rel for rel in AGENT_DATA] + [Path(w).resolve() for w in writable]:
         if path.exists():
             args += ["--bind", str(path), str(path)]
+    for rel in AGENT_SCRATCH:
+        if (home / rel).is_dir():
+            args += ["--tmpfs", str(home / rel)]
     for rel in PRIVATE_STATE:
         if (home / rel).is_file() and private is not None:
             copy = private / rel.lstrip(".")
@@ -310,6 +317,8 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     return args + ["--chdir", str(workdir), "--", *argv]
 
 
+# The system's programs, libraries and start-up files (cron.d, profile.d)
+SYSTEM_WRITE_GUARDED = ("/etc", "/usr", "/opt", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/var/spool")
 # What your shell, git or Python read and run at their next start, outside any sandbox (a core.fsmonitor in
 # ~/.config/git/config ran at the broker's next `git status`)
 STARTUP_FILES = (".config", ".local", ".gitconfig", ".bashrc", ".bash_profile", ".profile", ".zshrc", ".zprofile",
@@ -320,11 +329,15 @@ def allow_problem(path: Path, repo: Path, cache: Path) -> str | None:
     """Why `path` may not be writable in an agent's sandbox (`autoresearch agent --allow`), or None: it may not
     be, hold or lie inside the repository (its .git: a core.fsmonitor ran outside at the broker's next git
     call), a prepared or compile cache, the secrets, Ray's token, the Python installation, what runs at a shell's,
-    git's or an agent's next start (STARTUP_FILES), or be your home."""
+    git's or an agent's next start (STARTUP_FILES), a directory on PATH or of the system (a `git` planted in one
+    ran at the broker's next call), Hugging Face's cache (every training mounts it), or be your home."""
     path, home = path.resolve(), Path.home().resolve()
     guarded = [repo.resolve(), *cache.resolve().parent.glob(cache.resolve().name + "*"),
                *(home / ".cache").glob("autoresearch*"), *prepared_caches(), *python_dirs(),
-               *(home / rel for rel in HIDDEN_HOME + STARTUP_FILES)]
+               *(home / rel for rel in HIDDEN_HOME + STARTUP_FILES), *map(Path, SYSTEM_WRITE_GUARDED),
+               *(Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d),  # a `git` planted there
+               Path(os.environ.get("HF_HOME") or home / ".cache" / "huggingface")]  # mounted into every training
+    guarded += [g.resolve() for g in guarded]  # a dotfile that is a link (a dotfile manager's)
     for g in guarded:
         if path == g or path.is_relative_to(g) or g.is_relative_to(path):
             return f"--allow {path}: it is, holds or lies inside {g}, which an agent may not write"

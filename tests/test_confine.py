@@ -93,7 +93,8 @@ def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env
     proc = cli(repo, "agent", "--allow", "/no/such/dir", "--", "true", env=env)
     assert proc.returncode == 2 and "--allow /no/such/dir" in proc.stderr
     # .git or ~/.config (git's config): a core.fsmonitor ran outside at the broker's next git call
-    for undoing in (repo, repo / ".git", small_cache_of(env), Path.home(), Path.home() / ".config"):
+    for undoing in (repo, repo / ".git", small_cache_of(env), Path.home(), Path.home() / ".config",
+                    Path("/usr/local/bin")):  # on PATH: a `git` planted there ran at the broker's next call
         proc = cli(repo, "agent", "--allow", str(undoing), "--", "true", env=env)
         assert proc.returncode == 2 and ("may not write" in proc.stderr or "home" in proc.stderr), proc.stderr
 
