@@ -362,6 +362,6 @@ def record_cache(cache: Path) -> None:
     """Note a prepared cache, so that every agent's sandbox hides it (and its secrets) wherever it lives."""
     known = {str(p) for p in prepared_caches()} | {str(cache.resolve())}
     registry().parent.mkdir(parents=True, exist_ok=True)
-    tmp = registry().with_suffix(".tmp")
+    tmp = registry().with_suffix(f".{os.getpid()}.tmp")  # two prepares at once: the last write wins, whole
     tmp.write_text(json.dumps(sorted(known), indent=1))
     os.replace(tmp, registry())
