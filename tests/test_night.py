@@ -355,6 +355,10 @@ def test_an_agent_that_edits_the_record_is_restored_and_named(repo, env, tmp_pat
                       "echo 'DESCRIPTION: a tweak'\n")
     script.chmod(0o755)
     description = agents.ExternalAgent(repo, "a", str(script), timeout=60).propose({})
-    assert description.startswith("a tweak [agent changed results.tsv (changed): restored")
+    from autoresearch import sandbox
+    if sandbox.bwrap_works():  # confined: the record is read-only to it, its write failed
+        assert description == "a tweak"
+    else:  # checked afterwards: restored and named
+        assert description.startswith("a tweak [agent changed results.tsv (changed): restored")
     assert (repo / "results.tsv").read_text() == ledger_before
     assert (repo / "train.py").read_text().endswith("# tweak\n")  # its one legitimate change stays
