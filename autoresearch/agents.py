@@ -7,6 +7,7 @@ train.py changed: anything else is put back and the violation goes into the row'
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -116,7 +117,7 @@ class ExternalAgent:
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
-        if sandbox.bwrap_works():  # no validation or test tokens within its reach (sandbox.wrap_agent)
+        if self.confined():  # no validation or test tokens within its reach (sandbox.wrap_agent)
             import prepare
             argv = sandbox.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest(),
                                       private=self.private)
@@ -153,6 +154,15 @@ class ExternalAgent:
         found = re.findall(r"^\s*DESCRIPTION:\s*(.+)$", out or "", re.M)
         description = found[-1].strip() if found else "change by " + os.path.basename(self.argv[0])
         return description + "".join(f" [{n}]" for n in notes)
+
+    def confined(self) -> bool:
+        """Whether the agent runs in its sandbox: where bubblewrap works, on a tag whose protection is bubblewrap
+        (one set up with --sandbox off asked for no enforcement, and is checked afterwards only)."""
+        try:
+            protection = json.loads(state.tag_file(self.repo, self.tag).read_text()).get("protection")
+        except (OSError, ValueError):
+            protection = None
+        return protection != "none" and sandbox.bwrap_works()
 
     def observe(self, outcome) -> None:
         self.last_outcome = outcome
