@@ -1,147 +1,28 @@
 """Ideas as code: named transformations of train.py, drawn from the public record of fixed-budget training (the
 modded-nanogpt speedrun's records, nanochat's defaults, the GPT-J/PaLM and T5/Chinchilla papers).
 
-Each idea rewrites one *site* of train.py (a statement, a method, a default argument, a constant) to one of a few
-*variants*. A site is found by its place (class, method, the names it assigns), never by its exact text, so an
-idea also repairs a site someone else rewrote (a removed normalisation, a worse activation): rewriting a site
-sets it to a canonical variant whatever it held. The site's current variant is read back by comparing syntax
-trees (comments and spacing do not count); a site that matches no variant reads as None ("unknown"). Ideas on
-different sites compose; ideas on one site (init) keep each other's settings.
+Each idea rewrites one *site* of train.py (a statement, a method, a default argument, a constant: sites.py finds,
+reads and rewrites them) to one of a few *variants*; this module is the catalog: which sites, how each variant is
+written, which ideas move them. Ideas on different sites compose; ideas on one site (init) keep each other's
+settings.
 
 `recommended` is the variant the public record favours, or None where it depends on the model and machine. The
 proposer (proposer.py) tries moves towards it first; moves away from it are allowed but expected to lose.
 
-The row's description names the idea and its parameters, `idea NAME: key=value, ...` (IDEA_RE), so that people,
-agents and the proposer can read from results.tsv what was tried.
+The row's description names the idea and its parameters, `idea NAME: key=value, ...` (descriptions.py), so that
+people, agents and the proposer can read from results.tsv what was tried.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import itertools
-import re
-import textwrap
 from dataclasses import dataclass, field
-from typing import Callable
 
-from autoresearch.edit import EditError, char_offset, read_constants, set_constants
-
-IDEA_RE = re.compile(r"^idea (\w+): (.*)$")
-CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant moves' "NAME old -> new"
-
-
-class NotApplicable(EditError):
-    """The idea's site is not in this train.py (it was renamed or removed)."""
-
-
-# --- finding sites ----------------------------------------------------------------------------------------------
-
-@functools.lru_cache(maxsize=64)
-def _tree(source: str) -> ast.Module:
-    """train.py parsed (cached: a proposal reads every site of one source; nothing may modify the tree)."""
-    return ast.parse(source)
-
-
-def _find_def(tree: ast.Module, dotted: str):
-    """The class or function `A.b` at module level (one level of nesting), or None."""
-    nodes = tree.body
-    found = None
-    for part in dotted.split("."):
-        found = next((n for n in nodes if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part), None)
-        if found is None:
-            return None
-        nodes = found.body
-    return found
-
-
-def _statement(tree, dotted: str, match: Callable[[ast.stmt], bool]):
-    """The first statement (at any depth) of definition `dotted` that `match` accepts."""
-    owner = _find_def(tree, dotted)
-    if owner is None:
-        return None
-    for node in ast.walk(owner):
-        if isinstance(node, ast.stmt) and node is not owner and match(node):
-            return node
-    return None
-
-
-def _names(node) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
-        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
-
-
-def _assigns(*targets: str):
-    """A matcher for an assignment whose targets are exactly these names (`a, b = ...` or `a = b = ...`)."""
-    def match(node):
-        if not isinstance(node, ast.Assign):
-            return False
-        got = []
-        for t in node.targets:
-            got += [e for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
-        names = [ast.unparse(e) for e in got]
-        return names == list(targets)
-    return match
-
-
-def _shape(code: str) -> str | None:
-    """A snippet's syntax tree as text: two snippets with the same shape are the same code, comments, spacing and
-    line breaks aside."""
-    try:
-        return ast.dump(ast.parse(textwrap.dedent(code)))
-    except SyntaxError:
-        return None
-
-
-def _lines_of(source: str, node) -> tuple[int, int]:
-    """The line span [start, end) of a statement or definition, decorators excluded."""
-    return node.lineno - 1, node.end_lineno
-
-
-# --- sites ------------------------------------------------------------------------------------------------------
-
-@dataclass
-class Site:
-    """One place of train.py and how each combination of its parameters is written there.
-    locate(tree) -> the node or None; render(params) -> the code (unindented); grid: each parameter's values;
-    defaults: what the shipped train.py holds. Statements and definitions are replaced as whole lines."""
-    name: str
-    locate: Callable
-    render: Callable[[dict], str]
-    grid: dict[str, list]
-    defaults: dict
-
-    def node(self, source: str):
-        return self.locate(_tree(source))
-
-    def read(self, source: str) -> dict | None:
-        """The site's current parameters, None when it holds something no variant writes; NotApplicable when
-        train.py has no such site."""
-        node = self.node(source)
-        if node is None:
-            raise NotApplicable(f"train.py has no {self.name} site")
-        lines = source.splitlines(keepends=True)
-        start, end = _lines_of(source, node)
-        shape = _shape("".join(lines[start:end]))
-        return next((params for params, rendered in self._shapes() if rendered == shape), None)
-
-    def _shapes(self) -> list[tuple[dict, str]]:
-        if not hasattr(self, "_rendered"):
-            keys = list(self.grid)
-            combos = [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
-            self._rendered = [(params, _shape(self.render(params))) for params in combos]
-        return self._rendered
-
-    def write(self, source: str, params: dict) -> str:
-        node = self.node(source)
-        if node is None:
-            raise NotApplicable(f"train.py has no {self.name} site")
-        lines = source.splitlines(keepends=True)
-        start, end = _lines_of(source, node)
-        indent = " " * node.col_offset
-        body = "".join(indent + line if line.strip() else line
-                       for line in self.render(params).strip("\n").splitlines(keepends=True))
-        return "".join(lines[:start]) + body + "\n" + "".join(lines[end:])
+from autoresearch import descriptions
+from autoresearch.edit import EditError
+from autoresearch.sites import (ConstantSite, DefaultArgSite, NotApplicable, Site, assigns, find_def, is_call_to,
+                                math_import, names, statement, tree)
 
 
 ACTIVATIONS = {
@@ -261,112 +142,54 @@ def _loss(p):
             "if reduction == \"mean\" else 0.0)  # z-loss")
 
 
-def _is_call_to(node, attr: str) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
-               and getattr(n.func, "attr", getattr(n.func, "id", None)) == attr for n in ast.walk(node))
-
-
 SITES = {s.name: s for s in [
     Site("mlp_activation",
-         lambda t: _statement(t, "MLP.forward", lambda n: isinstance(n, ast.Return) and "c_proj" in _names(n)),
+         lambda t: statement(t, "MLP.forward", lambda n: isinstance(n, ast.Return) and "c_proj" in names(n)),
          _mlp_return, {"act": list(ACTIVATIONS)}, {"act": "relu2"}),
-    Site("mlp_width", lambda t: _find_def(t, "MLP.__init__"), _mlp_init, {"ratio": [2, 3, 4, 6]}, {"ratio": 4}),
-    Site("qk", lambda t: _statement(t, "CausalSelfAttention.forward", lambda n: _assigns("q", "k")(n)
-                                    and "apply_rotary" in _names(n)),
+    Site("mlp_width", lambda t: find_def(t, "MLP.__init__"), _mlp_init, {"ratio": [2, 3, 4, 6]}, {"ratio": 4}),
+    Site("qk", lambda t: statement(t, "CausalSelfAttention.forward", lambda n: assigns("q", "k")(n)
+                                   and "apply_rotary" in names(n)),
          _qk, {"norm": [True, False], "gain": [1.0, 1.5, 2.0]}, {"norm": True, "gain": 1.0}),
-    Site("block", lambda t: _find_def(t, "Block.forward"), _block, {"layout": ["prenorm", "parallel"]},
+    Site("block", lambda t: find_def(t, "Block.forward"), _block, {"layout": ["prenorm", "parallel"]},
          {"layout": "prenorm"}),
-    Site("final_norm", lambda t: _statement(t, "GPT.forward", lambda n: _assigns("logits")(n)
-                                            and "lm_head" in _names(n)),
+    Site("final_norm", lambda t: statement(t, "GPT.forward", lambda n: assigns("logits")(n)
+                                           and "lm_head" in names(n)),
          lambda p: "logits = self.lm_head(rms_norm(x)).float()" if p["norm"] else "logits = self.lm_head(x).float()",
          {"norm": [True, False]}, {"norm": True}),
-    Site("embed_norm", lambda t: _statement(t, "GPT.forward", _assigns("x", "x0")),
+    Site("embed_norm", lambda t: statement(t, "GPT.forward", assigns("x", "x0")),
          lambda p: "x = x0 = rms_norm(self.wte(idx))" if p["norm"] else "x = x0 = self.wte(idx)",
          {"norm": [True, False]}, {"norm": True}),
-    Site("init", lambda t: _find_def(t, "GPT.init_weights"), _init,
+    Site("init", lambda t: find_def(t, "GPT.init_weights"), _init,
          {"proj": ["zero", "uniform"], "head_std": [0.001, 0.01, 0.02], "gain": [0.5, 1.0, 2.0]},
          {"proj": "zero", "head_std": 0.001, "gain": 1.0}),
-    Site("schedule", lambda t: _find_def(t, "lr_multiplier"), _schedule, {"shape": list(SCHEDULES)},
+    Site("schedule", lambda t: find_def(t, "lr_multiplier"), _schedule, {"shape": list(SCHEDULES)},
          {"shape": "linear"}),
-    Site("momentum_warmup", lambda t: _statement(t, "main", lambda n: isinstance(n, ast.For)
-                                                 and ast.unparse(n.iter) == "optimizers" and "initial_lr" in
-                                                 ast.unparse(n)),
+    Site("momentum_warmup", lambda t: statement(t, "main", lambda n: isinstance(n, ast.For)
+                                                and ast.unparse(n.iter) == "optimizers" and "initial_lr" in
+                                                ast.unparse(n)),
          _lr_loop, {"start": ["off", 0.85, 0.7]}, {"start": "off"}),
-    Site("value_embeddings", lambda t: _statement(t, "GPT.__init__", _assigns("self.ve_layers")),
+    Site("value_embeddings", lambda t: statement(t, "GPT.__init__", assigns("self.ve_layers")),
          lambda p: f"self.ve_layers = {VE_LAYERS[p['layers']]}", {"layers": list(VE_LAYERS)}, {"layers": "alternate"}),
-    Site("x0_mix", lambda t: _statement(t, "GPT.__init__", _assigns("self.x0_lambdas")),
+    Site("x0_mix", lambda t: statement(t, "GPT.__init__", assigns("self.x0_lambdas")),
          lambda p: f"self.x0_lambdas = nn.Parameter(torch.full((cfg.n_layer,), {p['init']!r}))",
          {"init": [0.0, 0.1, 0.3]}, {"init": 0.1}),
-    Site("rotary", lambda t: _find_def(t, "GPT.rotary"), _rotary, {"base": [1000.0, 10000.0, 100000.0]},
+    Site("rotary", lambda t: find_def(t, "GPT.rotary"), _rotary, {"base": [1000.0, 10000.0, 100000.0]},
          {"base": 10000.0}),
-    Site("grad_clip", lambda t: _statement(t, "main", lambda n: isinstance(n, ast.Expr)
-                                           and _is_call_to(n, "clip_grad_norm_")),
+    Site("grad_clip", lambda t: statement(t, "main", lambda n: isinstance(n, ast.Expr)
+                                          and is_call_to(n, "clip_grad_norm_")),
          lambda p: f"torch.nn.utils.clip_grad_norm_(model.parameters(), {p['max_norm']!r})",
          {"max_norm": [0.5, 1.0, 2.0, 5.0]}, {"max_norm": 1.0}),
-    Site("loss", lambda t: _statement(t, "GPT.forward", lambda n: isinstance(n, ast.Return)
-                                      and _is_call_to(n, "cross_entropy")),
+    Site("loss", lambda t: statement(t, "GPT.forward", lambda n: isinstance(n, ast.Return)
+                                     and is_call_to(n, "cross_entropy")),
          _loss, {"z": [0.0, 1e-4, 1e-3]}, {"z": 0.0}),
-    Site("nesterov", lambda t: _statement(t, "Muon.step", _assigns("nesterov")),
+    Site("nesterov", lambda t: statement(t, "Muon.step", assigns("nesterov")),
          lambda p: ('nesterov = torch._foreach_lerp(grads, bufs, group["momentum"])' if p["on"] else
                     "nesterov = bufs  # plain momentum, no Nesterov look-ahead"), {"on": [True, False]}, {"on": True}),
 ]}
 
 
-class DefaultArgSite(Site):
-    """A default argument of a function (orthogonalize's steps=5): only the literal is rewritten."""
-
-    def __init__(self, name, function, arg, grid, defaults):
-        super().__init__(name, lambda t: _find_def(t, function), None, grid, defaults)
-        self.arg = arg
-
-    def _literal(self, source):
-        fn = self.node(source)  # the cached tree: read, never modified
-        if fn is None:
-            raise NotApplicable(f"train.py has no {self.name} site")
-        args = fn.args.args[len(fn.args.args) - len(fn.args.defaults):]
-        for a, d in zip(args, fn.args.defaults):
-            if a.arg == self.arg and isinstance(d, ast.Constant):
-                return d
-        raise NotApplicable(f"{self.name}: no literal default for {self.arg}")
-
-    def read(self, source):
-        value = self._literal(source).value
-        return {self.arg: value} if value in self.grid[self.arg] else None
-
-    def write(self, source, params):
-        d = self._literal(source)
-        start = char_offset(source, d.lineno, d.col_offset)
-        end = char_offset(source, d.end_lineno, d.end_col_offset)
-        return source[:start] + repr(params[self.arg]) + source[end:]
-
-
 SITES["newton_schulz"] = DefaultArgSite("newton_schulz", "orthogonalize", "steps", {"steps": [3, 4, 5, 6]},
                                         {"steps": 5})
-
-
-class ConstantSite(Site):
-    """A hyperparameter constant whose value is an idea of its own (a soft cap, head size), per profile."""
-
-    def __init__(self, name, constant, grids: dict[str, list], profile: str = "cpu", valid=None):
-        super().__init__(name, None, None, {constant: grids[profile]}, {})
-        self.constant, self.grids, self.profile = constant, grids, profile
-        self.valid = valid  # valid(constants) -> whether train.py's own checks hold with the new value
-
-    def for_profile(self, profile):
-        return ConstantSite(self.name, self.constant, self.grids, profile, self.valid)
-
-    def read(self, source):
-        values = read_constants(source, self.profile)
-        if self.constant not in values:
-            raise NotApplicable(f"train.py has no constant {self.constant}")
-        v = values[self.constant]
-        return {self.constant: v} if v in self.grid[self.constant] else None
-
-    def write(self, source, params):
-        new = set_constants(source, {self.constant: params[self.constant]}, self.profile)
-        if self.valid is not None and not self.valid(read_constants(new, self.profile)):
-            raise EditError(f"{self.constant}={params[self.constant]!r} does not fit this train.py's other constants")
-        return new
 
 
 CONSTANT_SITES = {
@@ -452,57 +275,20 @@ def apply(source: str, idea: Idea, params: dict, profile: str = "cpu") -> str:
     full = dict(held if held is not None else (site.defaults or {}), **params)
     new = site.write(source, full)
     try:
-        _tree(new)
+        tree(new)
     except SyntaxError as e:
         raise EditError(f"idea {idea.name} would not parse: {e}") from None
     if current(idea, new, profile) != params:
         raise EditError(f"idea {idea.name} did not read back as {params}")
-    return _math_import(new)
-
-
-def _math_import(source: str) -> str:
-    """`import math` where a variant uses math (the cosine warmdown) and train.py does not import it yet, after
-    the last top-level import; removed again (that line alone) when nothing uses math any more."""
-    uses = re.search(r"\bmath\.", source) is not None
-    line = re.search(r"^import math\n", source, re.M)
-    if uses and line is None:
-        imports = [n for n in _tree(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        if not imports:
-            raise EditError("train.py has no top-level import to put `import math` after")
-        lines = source.splitlines(keepends=True)
-        end = max(n.end_lineno for n in imports if isinstance(n, ast.Import)) if any(
-            isinstance(n, ast.Import) for n in imports) else imports[-1].end_lineno
-        source = "".join(lines[:end]) + "import math\n" + "".join(lines[end:])
-    elif not uses and line is not None:
-        source = source[:line.start()] + source[line.end():]
-    return source
+    return math_import(new)
 
 
 def describe(idea: Idea, params: dict) -> str:
-    return f"idea {idea.name}: " + ", ".join(f"{k}={v!r}" for k, v in params.items())
-
-
-WHOLE_SITE = " (rewrites its whole site)"  # a move on a site no variant matched: more changes than it names
-HARNESS_NOTES = re.compile(r" \[(?:run \d+\]|crash: |refused: |interrupted: |agent )")  # what the harness appends
-
-
-def move_text(description: str) -> str:
-    """A row's description without what the harness appends to it (the repeat's mark, a crash's or refusal's
-    reason, an agent's violations)."""
-    return HARNESS_NOTES.split(description, 1)[0]
+    return descriptions.idea_text(idea.name, params)
 
 
 def parse(description: str) -> tuple[str, dict] | None:
     """(idea name, params) of a description written by describe() (harness notes after it are ignored), else
     None."""
-    m = IDEA_RE.match(move_text(description).removesuffix(WHOLE_SITE))
-    if not m or m.group(1) not in IDEAS:
-        return None
-    params = {}
-    for part in re.split(r", (?=\w+=)", m.group(2)):
-        key, _, value = part.partition("=")
-        try:
-            params[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return None  # not a value describe() writes: a free-form description that only looks like one
-    return m.group(1), params
+    parsed = descriptions.parse_idea(description)
+    return parsed if parsed and parsed[0] in IDEAS else None

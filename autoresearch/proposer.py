@@ -22,13 +22,12 @@ from __future__ import annotations
 import ast
 import functools
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from optuna.distributions import CategoricalDistribution, IntDistribution
 
-from autoresearch import decide, git, ideas, ledger, state
+from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, rounded
 
@@ -55,18 +54,18 @@ class Experiment:
 def parse_move(description: str) -> tuple[str, dict]:
     """(arm, params) of a proposal's description: `idea NAME: k=v, ...` or `NAME old -> new[, NAME2 ...]` (the
     first constant names the arm)."""
-    text = ideas.move_text(description)
+    text = descriptions.move_text(description)
     parsed = ideas.parse(text)
     if parsed:
         return parsed
-    first = re.split(r", (?=[A-Z][A-Z0-9_]* )", text)[0]
-    m = ideas.CONSTANT_RE.match(first)
-    if not m:
+    first = descriptions.first_constant(text)
+    if not first:
         return "", {}
+    name, old, new = first
     try:
-        return f"tune {m.group(1)}", {m.group(1): ast.literal_eval(m.group(3)), "from": ast.literal_eval(m.group(2))}
+        return f"tune {name}", {name: ast.literal_eval(new), "from": ast.literal_eval(old)}
     except (ValueError, SyntaxError):
-        return f"tune {m.group(1)}", {}
+        return f"tune {name}", {}
 
 
 def history(rows) -> list[Experiment]:
@@ -79,7 +78,7 @@ def history(rows) -> list[Experiment]:
             continue
         if r.key not in found:
             arm, params = parse_move(r.description)
-            found[r.key] = Experiment(r.key, ideas.move_text(r.description), arm, params,
+            found[r.key] = Experiment(r.key, descriptions.move_text(r.description), arm, params,
                                       champion.key if champion else "")
         e = found[r.key]
         e.runs += r.status != "crash"
@@ -142,7 +141,7 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
         held = ideas.current(idea, source, profile)
         # a site no variant matches is rewritten whole: several ideas on it may give one train.py (the first
         # is kept), and the description says it changes more than it names
-        whole = ideas.WHOLE_SITE if ideas.site_of(idea, profile).read(source) is None else ""
+        whole = descriptions.WHOLE_SITE if ideas.site_of(idea, profile).read(source) is None else ""
         for params in ideas.variants(idea, profile):
             if params == held:
                 continue
@@ -169,7 +168,7 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
             except EditError:
                 continue
             out.append(Move(f"tune {name}", {name: value, "from": values[name]}, new,
-                            ", ".join(f"{k} {values.get(k)!r} -> {v!r}" for k, v in changes.items()),
+                            descriptions.constants_text((k, values.get(k), v) for k, v in changes.items()),
                             direction=direction))
     return tuple(out)
 
@@ -292,14 +291,14 @@ BUILTINS = {"builtin": Researcher, "random": RandomSearch, "tpe": None}
 def params_text(params: dict | None) -> str:
     if params is None:
         return "something no variant writes"
-    return ", ".join(f"{k}={v!r}" for k, v in params.items() if k != "from")
+    return descriptions.assignments({k: v for k, v in params.items() if k != "from"})
 
 
 def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: bool = True) -> str:
     """What results.tsv says was tried (each experiment's move, outcome and effect) and what the catalog offers
     from `source`: the text `autoresearch ideas` prints and the external agent's prompt carries (command=False:
     the loop's agent runs no command, it edits train.py)."""
-    past = [e for e in history(rows) if e.config and e.description and not e.description.startswith("baseline")]
+    past = [e for e in history(rows) if e.config and e.description and not descriptions.is_baseline(e.description)]
     lines = ["## Tried on this tag (results.tsv; effect: its mean val_bpb minus that of the champion it started "
              "from, negative is better)"]
     for e in past[-last:]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import optuna
 
-from autoresearch import decide, git, ledger, state
+from autoresearch import decide, descriptions, git, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, rounded
 
@@ -116,7 +116,7 @@ class TPEProposer:
                 compile(new_source, "train.py", "exec")
             except (EditError, SyntaxError):
                 continue
-            return new_source, ", ".join(f"{k} {current[k]!r} -> {v!r}" for k, v in changes.items())
+            return new_source, descriptions.constants_text((k, current[k], v) for k, v in changes.items())
         raise RuntimeError("the built-in proposer found no untried configuration in 50 attempts")
 
     def observe(self, outcome) -> None:
