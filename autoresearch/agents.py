@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from autoresearch import git, guard, ledger, proposer, sandbox, state
+from autoresearch import descriptions, git, guard, ledger, proposer, sandbox, state
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -141,19 +141,19 @@ class ExternalAgent:
         others = [p for p in changed if p != "train.py"]
         if others:
             git.restore(self.workdir, others)
-            notes.append(f"agent also edited {', '.join(others[:5])}: reverted")
+            notes.append(f"also edited {', '.join(others[:5])}: reverted")
         # what git status cannot see (ignored record files, .git, bytecode); its own `git add` shows as the index
         hidden = [c for c in watch.changes() if c.rsplit(" (", 1)[0] not in changed and not c.startswith(".git/index ")]
         if hidden:
             lost = watch.restore()
-            notes.append(f"agent changed {', '.join(hidden[:5])}: restored" + (f" except {', '.join(lost[:3])}"
-                                                                                if lost else ""))
+            notes.append(f"changed {', '.join(hidden[:5])}: restored" + (f" except {', '.join(lost[:3])}"
+                                                                          if lost else ""))
         if "train.py" not in changed:
             raise AgentError(f"the agent made no change to train.py (exit {proc.returncode}); its output ended: "
                              + (out or "")[-500:])
         found = re.findall(r"^\s*DESCRIPTION:\s*(.+)$", out or "", re.M)
         description = found[-1].strip() if found else "change by " + os.path.basename(self.argv[0])
-        return description + "".join(f" [{n}]" for n in notes)
+        return descriptions.agent_noted(description, notes)
 
     def confined(self) -> bool:
         """Whether the agent runs in its sandbox: where bubblewrap works, on a tag whose protection is bubblewrap

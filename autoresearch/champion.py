@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, errors, git, ledger, sandbox, state, tags
+from autoresearch import decide, descriptions, errors, git, ledger, sandbox, state, tags
 
 
 def model_dir(repo: Path, row: ledger.Row) -> Path | None:
@@ -53,7 +53,7 @@ def best(repo: Path) -> str:
     tests = [r.test_bpb for r in rows if r.status == "keep" and r.key == key and r.test_bpb]
     base = config["base_commit"]
     lines = [f"champion of tag {config['tag']}: val_bpb {fmean(values):.6f}{spread} over {len(values)} run(s)",
-             f"  commit {champ.commit}: {decide.base_description(champ.description)}",
+             f"  commit {champ.commit}: {descriptions.base_description(champ.description)}",
              "  test_bpb " + (f"{fmean(tests):.6f} (held-out split, scored by the harness)" if tests else
                               "not scored (the baseline's first run scores it; see docs/integrity.md)")]
     models = kept_runs(repo, rows, key)

@@ -44,6 +44,8 @@ from statistics import fmean
 import numpy as np
 from scipy.special import stdtr  # the t CDF; scipy.stats would add 0.4 s to every `autoresearch run`
 
+from autoresearch import descriptions
+
 BASELINE_RUNS = 3      # runs of the baseline: the first champion's mean and the first noise estimate
 P_KEEP = 0.98          # keep once P(candidate better than the champion) reaches this (with at least 2 runs)
 P_CONTINUE = 0.5       # after 2 or more runs, below this the candidate's mean is no better: discard
@@ -269,9 +271,9 @@ def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series |
     last = decided[-1]
     runs = len(samples(rows).get(config, []))
     if last.status == "confirm":
-        return Series("candidate", last.commit, config, base_description(last.description), runs)
+        return Series("candidate", last.commit, config, descriptions.base_description(last.description), runs)
     if last.status == "keep" and last.decision.startswith("baseline") and runs < baseline_runs:
-        return Series("baseline", last.commit, config, base_description(last.description), runs)
+        return Series("baseline", last.commit, config, descriptions.base_description(last.description), runs)
     return None
 
 
@@ -290,13 +292,6 @@ def latest_unfinished(rows, baseline_runs: int = BASELINE_RUNS) -> Series | None
     """The most recent unfinished series, if any (see series_of)."""
     found = unfinished(rows, baseline_runs)
     return found[-1] if found else None
-
-
-REPEAT_MARK = " [run "
-
-
-def base_description(description: str) -> str:
-    return description.split(REPEAT_MARK)[0]
 
 
 # --- flags: what a reader should look at, never a decision ----------------------------------------------------

@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from autoresearch import (agents, decide, errors, execute, git, heldout, ledger, loop, proposer, record, run, schedule,
-                          state, supervise, tags)
+from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
+                          run, schedule, state, supervise, tags)
 from autoresearch.worker import Worker
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
@@ -203,12 +203,13 @@ class Driver:
             if name is None:
                 self.started -= 1
                 return
-        description = " ".join(description.split()) or "(no description)"
+        description = descriptions.clean(description)
         base = git.git(self.repo, "show", f"{self.config['base_commit']}:{state.EDITABLE}", strip=False).encode()
         problem = run.train_py_problem(source.encode(errors="replace"), self.config, base)
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
             self.free.append(name)
-            row = record.make_row(self.config, parent, f"{description} [refused: {problem}]", state.new_run_id(),
+            row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),
+                                  state.new_run_id(),
                                   "refused", worker=name)
             ledger.append(self.results, row)
             self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))

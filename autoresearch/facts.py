@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, errors, fixed, git, ledger, machine, recovery, state, tags
+from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tags
 
 
 class BadQuery(ValueError):
@@ -83,7 +83,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
     if champ_values:
         champion = {"commit": champ.commit, "config": champ.config, "mean": fmean(champ_values), "n": len(champ_values),
                     "sem": decide.sem(champ_values, noise) if noise else None,
-                    "description": decide.base_description(champ.description)}
+                    "description": descriptions.base_description(champ.description)}
     times = [t for t in (_seconds(r.time) for r in rows) if t is not None]
     first = min(times) - (rows[0].wall_s or 0) if times else None
     hours = (max(times) - first) / 3600 if times else 0.0

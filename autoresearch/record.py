@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, evaluate, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch import decide, descriptions, evaluate, execute, fixed, ledger, sandbox, state, supervise
 
 
 def make_row(tag_config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0,
@@ -27,7 +27,7 @@ def make_row(tag_config, commit, description, run_id, status, val_bpb=0.0, memor
 
 def interrupted_row(config: dict, job: dict, reason: str) -> ledger.Row:
     """The row of a run whose harness, driver or worker died before it was recorded."""
-    return make_row(config, job.get("commit") or job["parent"], f"{job['description']} [interrupted: {reason}]",
+    return make_row(config, job.get("commit") or job["parent"], descriptions.noted(job["description"], descriptions.INTERRUPTED, reason),
                     job["run_id"], "crash", seed=job.get("seed", 0), protection=job.get("protection", "none"),
                     config=job.get("config", ""), repeat=job.get("repeat", 1), decision="interrupted",
                     worker=job.get("worker", ""), host=job.get("host", ""), device=job.get("device", ""))
@@ -74,11 +74,11 @@ def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule
                   wall=ex.training.wall, outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None,
                   **where)
     if ex.status == "refused":
-        return make_row(config, commit, f"{description} [refused: {ex.reason}]", run_id, "refused", **common)
+        return make_row(config, commit, descriptions.noted(description, descriptions.REFUSED, ex.reason), run_id, "refused", **common)
     if ex.status == "pruned":
         return make_row(config, commit, description, run_id, "pruned", decision=ex.reason, **common)
     if ex.status == "crash":
-        return make_row(config, commit, f"{description} [crash: {ex.reason}]", run_id, "crash", decision=(
+        return make_row(config, commit, descriptions.noted(description, descriptions.CRASH, ex.reason), run_id, "crash", decision=(
             "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
             else ""), **common)
     champ_row = decide.champion(rows)

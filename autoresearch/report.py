@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statistics import fmean
 
-from autoresearch import decide, errors, ledger, state, tags
+from autoresearch import decide, descriptions, errors, ledger, state, tags
 
 
 def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
@@ -63,7 +63,7 @@ def champion_text(rows: list[ledger.Row], groups: dict[str, list[ledger.Row]]) -
     spread = f" +- {decide.sem(mine, noise):.6f}" if noise else ""
     noise_text = f" | noise {noise.sigma:.4f} per run ({noise.df} repeats)" if noise else " | noise: no repeats yet"
     return (f"champion: val_bpb {fmean(mine):.6f}{spread} over {len(mine)} run(s) at {champ.commit} "
-            f"({decide.base_description(champ.description)}){noise_text}")
+            f"({descriptions.base_description(champ.description)}){noise_text}")
 
 
 def noise_lines(groups: dict[str, list[ledger.Row]]) -> list[str]:
@@ -78,7 +78,7 @@ def noise_lines(groups: dict[str, list[ledger.Row]]) -> list[str]:
     for rs in repeated:
         values = [r.val_bpb for r in rs]
         lines.append(f"  {fmean(values):.6f} +- {decide.sem(values, noise):.6f}  n={len(values)}  "
-                     f"{','.join(sorted({r.commit for r in rs}))}  {decide.base_description(rs[0].description)}")
+                     f"{','.join(sorted({r.commit for r in rs}))}  {descriptions.base_description(rs[0].description)}")
     return lines
 
 
@@ -128,7 +128,7 @@ def summarize(rows: list[ledger.Row], tests: dict[str, float] | None = None,
         spread = f"{decide.sem(values[key], noise):.6f}" if noise and n else "       -"
         test = test_of(key)
         lines.append(f"  {r.commit}  {mean(key):.6f}  {spread}  n={n}  " + (f"{test:.6f}" if test is not None else "       -")
-                     + f"  {decide.base_description(r.description)}")
+                     + f"  {descriptions.base_description(r.description)}")
     lines += noise_lines(groups)
     lines += flag_lines(rows)
     return "\n".join(lines)
@@ -193,7 +193,7 @@ def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress"
                         color="#2a9d4a", alpha=0.18, label="champion +- 1 sem", zorder=1)
     for key, r in kept_configurations(rows, groups):
         x = xs[rows.index(r)]
-        text = decide.base_description(r.description)
+        text = descriptions.base_description(r.description)
         text = text if len(text) <= 40 else text[:37] + "..."
         ax.annotate(text, (x, r.val_bpb), xytext=(4, 6), textcoords="offset points", fontsize=7, rotation=20,
                     color="#1d6b33")

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, execute, fixed, git, heldout, ledger, machine_load, prune, record,
-                          recovery, sandbox, schedule, state, tags)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load, prune,
+                          record, recovery, sandbox, schedule, state, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 
 EDITABLE = state.EDITABLE
@@ -37,7 +37,7 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
     repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it. sandbox_mode,
     rule and timeout default to the tag's; weaker ones than the tag's are refused."""
-    description = " ".join(description.split()) or "(no description)"
+    description = descriptions.clean(description)
     config = tags.load_tag(repo)
     fixed.check_contract()
     recovery.recover(repo, log)
@@ -58,7 +58,7 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
                 f"resume && git stash pop`.")
         if git.head(repo)[:7] != series.commit[:7]:
             git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
-        description = f"{series.description}{decide.REPEAT_MARK}{series.runs + 1}]"
+        description = descriptions.repeated(series.description, series.runs + 1)
         log(f"{series.kind} {series.commit}: run {series.runs + 1}")
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
@@ -70,7 +70,8 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     where = dict(host=socket.gethostname(), device=tags.device_label(config))
 
     def refuse(reason: str) -> NoReturn:
-        ledger.append(results, record.make_row(config, git.head(repo), f"{description} [refused: {reason}]", run_id,
+        ledger.append(results, record.make_row(config, git.head(repo), descriptions.noted(description, descriptions.REFUSED, reason),
+                                               run_id,
                                                "refused", seed=seed, protection=protection, **where))
         raise Refused(f"Refused: {reason}")
 

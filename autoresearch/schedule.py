@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoresearch import decide
+from autoresearch import decide, descriptions
 
 BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
 FIRST_SEED = 42      # the public project's seed: every configuration's first run (seed(), paired seeds)
@@ -37,7 +37,7 @@ class Next:
 
 def baseline_crashes(rows) -> int:
     """How many times the baseline itself crashed (its interruptions do not count)."""
-    return sum(r.description.startswith("baseline") and r.status == "crash" and not decide.is_interruption(r)
+    return sum(descriptions.is_baseline(r.description) and r.status == "crash" and not decide.is_interruption(r)
                for r in rows)
 
 
@@ -63,8 +63,8 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
         busy = running.count(baseline_config)
         if busy >= (decide.BASELINE_RUNS if rule == "stat" else 1) or (busy == 0 and not may_begin):
             return Next("wait")
-        description = "baseline" if not tries else f"baseline (try {tries + 1})"
-        return Next("baseline", description + (f"{decide.REPEAT_MARK}{busy + 1}]" if busy else ""), run_no=busy + 1,
+        description = descriptions.baseline(tries)
+        return Next("baseline", descriptions.repeated(description, busy + 1) if busy else description, run_no=busy + 1,
                     new=busy == 0)
     if any(s.kind == "baseline" for s in decide.unfinished(rows)):
         return Next("wait")  # its last runs are in flight: candidates wait for the champion's mean
@@ -79,7 +79,7 @@ def stalled(rows, config: str) -> bool:
 
 
 def _repeat(series: decide.Series, run_no: int, resume: bool) -> Next:
-    return Next("series", f"{series.description}{decide.REPEAT_MARK}{run_no}]", series.commit, run_no, new=resume,
+    return Next("series", descriptions.repeated(series.description, run_no), series.commit, run_no, new=resume,
                 series=series)
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from parallel import ROOT, fresh_repo
 
-from autoresearch import decide, ledger, machine  # noqa: E402
+from autoresearch import decide, descriptions, ledger, machine  # noqa: E402
 from autoresearch.edit import set_constants  # noqa: E402
 
 # (what it breaks, the text of the default it replaces, what it writes instead): each must match exactly once
@@ -153,7 +153,7 @@ def main() -> int:
         champions[arm] = champion
         again = measure(champion, args.budget, FRESH_SEEDS, work / f"{arm}-champion")
         done = [r for r in rows if r.status != "refused" and not decide.is_interruption(r)]
-        kept = [decide.base_description(r.description) for r in done
+        kept = [descriptions.base_description(r.description) for r in done
                 if r.status == "keep" and not r.decision.startswith("baseline")]
         # what early pruning saved: each pruned run's wall time against a candidate run that trained its budget
         full = [r.wall_s for r in done if r.status in ("discard", "confirm", "keep") and r.repeat == 1

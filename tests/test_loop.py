@@ -73,7 +73,7 @@ def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tm
 def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     """The built-in proposer's night, under the naive rule (one run per experiment: the stat rule's series, through
     both loops, are tests/test_schedule.py's and test_harness's)."""
-    from autoresearch import decide
+    from autoresearch import descriptions
     out = cli(repo, "loop", "--tag", "night", "--max-experiments", "2", "--decision", "naive", env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     first = rows(repo)
@@ -87,7 +87,7 @@ def test_builtin_loop_runs_resumes_and_keeps_the_baseline(repo, env):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     all_rows = rows(repo)
     assert len({r.config for r in all_rows}) == 3 and sum(r.description == "baseline" for r in all_rows) == 1
-    assert len({decide.base_description(r.description) for r in all_rows}) == 3
+    assert len({descriptions.base_description(r.description) for r in all_rows}) == 3
     assert all(r.decision.startswith("naive:") for r in all_rows)
     ast.parse((repo / "train.py").read_text())
     assert sh(repo, "git", "rev-parse", "--short=7", "HEAD") == [r for r in all_rows if r.status == "keep"][-1].commit

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from autoresearch import decide, git, ideas, ledger, proposer, record, tags
+from autoresearch import descriptions, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
 from conftest import sh
 
@@ -32,7 +32,7 @@ def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None
     note = {"crash": " [crash: exit status 1]", "refused": " [refused: the run took 400 s, more than ...]"}
     for i in range(n):
         ledger.append(repo / "results.tsv", record.make_row(
-            config, head, description + (f"{decide.REPEAT_MARK}{i + 1}]" if i else "") + note.get(status, ""),
+            config, head, description + (f"{descriptions.REPEAT_MARK}{i + 1}]" if i else "") + note.get(status, ""),
             f"r{head[:6]}{i}", status,
             val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=git.blob_of(source)))
     if status != "keep":

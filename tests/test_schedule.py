@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoresearch import decide, execute, ledger, loop, record, schedule, state, supervise, tags
+from autoresearch import descriptions, execute, ledger, loop, record, schedule, state, supervise, tags
 from autoresearch.ledger import Row
 
 
@@ -232,7 +232,7 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     parallel = night(twin, tmp_path, monkeypatch, parallel=True)
 
     def decisions(rows):
-        return [(decide.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
+        return [(descriptions.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
                 for r in rows]
     assert decisions(sequential) == decisions(parallel)
     statuses = [r.status for r in sequential]
@@ -240,7 +240,7 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     assert statuses[:5] == ["crash", "crash", "keep", "keep", "keep"], statuses
     assert sequential[2].description == "baseline (try 2)"
     assert {"discard", "keep"} <= set(statuses[5:]), statuses
-    proposals = {decide.base_description(r.description) for r in sequential[5:]}
+    proposals = {descriptions.base_description(r.description) for r in sequential[5:]}
     assert proposals == {f"MATRIX_LR {lr}" for lr in LRS}
     # the hopeless proposal is stopped early in both loops (the driver ships the champion's curves to its worker),
     # and nothing else is
