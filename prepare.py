@@ -1,9 +1,14 @@
 """
-The fixed half of autoresearch: constants, the prepared data's manifest, the tokenizer, the packing
-dataloader, the val_bpb metric and the contract between train.py and the harness.
+The fixed half of autoresearch, what an agent reads: the constants, the tokenizer, the packing dataloader, the
+val_bpb metric and `finish`, the contract between train.py and the harness.
 
-Agents never edit this file. Its digest, with the prepared data's manifest, is the fingerprint every result
-is checked against; the harness evaluates every model with a clean copy of it, in its own process.
+    TIME_BUDGET = 300 s of wall clock per experiment, compilation included (runtime.DEFAULT_TIME_BUDGET)
+    PROFILE, MAX_SEQ_LEN, VOCAB_SIZE, EVAL_TOKENS: the prepared data's, read from its manifest
+
+Agents never edit this file, nor runtime.py below it (where the data lives, the budget's clock, the device,
+dtype and compiler choices, the step lines the harness reads). The harness fingerprints both with the prepared
+data's manifest, checks every result against that fingerprint, and evaluates every model with a clean copy of
+them in its own process.
 
     python prepare.py                      # prepare the right default for this machine
     python prepare.py --dataset climbmix   # the public project's data (needs Hugging Face)
@@ -16,11 +21,9 @@ from __future__ import annotations
 
 import base64
 import bisect
-import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
 from contextlib import nullcontext
@@ -28,11 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime import (PrepareError, cache_dir, compile_only, default_profile, harness_seed, load_manifest,
+                     require_manifest, time_budget)
+
 # ---------------------------------------------------------------------------
 # Constants and profiles (DO NOT CHANGE)
 # ---------------------------------------------------------------------------
-
-DEFAULT_TIME_BUDGET = 300  # seconds of wall clock per experiment, compilation included
 
 # A profile is chosen when data is prepared and written into the manifest, so training and evaluation
 # always read the same values.
@@ -47,8 +51,6 @@ SPECIAL_TOKENS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|reserved_0|>", "<|reserved
                   "<|reserved_2|>", "<|reserved_3|>", "<|reserved_4|>"]
 BOS_TOKEN = "<|bos|>"
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 3          # 3: a held-out pool the scored rows are drawn from; 2: a test split
 SPLITS = ("train", "val", "test")  # test is read by the harness alone
 CHECK_SEED = 1234             # the fixed training rows both train.py and the harness score (see finish)
 # A tag's scored rows are drawn from at most this many held-out tokens per split: all of the cpu profile's; on gpu
@@ -56,124 +58,10 @@ CHECK_SEED = 1234             # the fixed training rows both train.py and the ha
 POOL_TOKENS = 2**20
 
 
-class PrepareError(RuntimeError):
-    """A problem the user can fix; the message says how."""
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
-
-
-COMPILE_ONLY_ENV = "AUTORESEARCH_COMPILE_ONLY"  # set by the harness for the compile phase (autoresearch/compiled.py)
-COMPILE_ONLY_BUDGET = 1e-9  # in the compile phase the loop ends after its first step, which compiles
-
-
-def compile_only() -> bool:
-    """Whether this is the harness's compile phase: random tokens, one step, no export (finish does nothing)."""
-    return os.environ.get(COMPILE_ONLY_ENV) == "1"
-
-
-def time_budget() -> int | float:
-    """The budget in seconds, exactly as given (AUTORESEARCH_TIME_BUDGET may only shorten it)."""
-    if compile_only():
-        return COMPILE_ONLY_BUDGET
-    raw = os.environ.get("AUTORESEARCH_TIME_BUDGET", "").strip()
-    if not raw:
-        return DEFAULT_TIME_BUDGET
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and 0 < value <= DEFAULT_TIME_BUDGET):
-        raise PrepareError(f"AUTORESEARCH_TIME_BUDGET={raw!r} is not a budget: give a number of seconds in "
-                           f"(0, {DEFAULT_TIME_BUDGET}] (it may only shorten the budget, for smoke runs and tests), "
-                           f"or unset it for the standard {DEFAULT_TIME_BUDGET} s.")
-    return int(value) if value == int(value) else value
-
-
-BUDGET_CLOCKS = ("wall", "cpu")
-
-
-def budget_clock_kind() -> str:
-    """What the budget's seconds are: wall (the default, and what the public project means) or cpu."""
-    kind = os.environ.get("AUTORESEARCH_BUDGET_CLOCK", "").strip() or "wall"
-    if kind not in BUDGET_CLOCKS:
-        raise PrepareError(f"AUTORESEARCH_BUDGET_CLOCK={kind!r}: use wall (the default: seconds of wall clock) or "
-                           "cpu (seconds of compute the training process received, for shared machines).")
-    return kind
-
-
-def cpu_threads() -> int:
-    """The threads the cpu clock divides by: OMP_NUM_THREADS (the harness sets it), else the usable cores."""
-    raw = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if raw.isdigit() and int(raw) > 0:
-        return int(raw)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def budget_clock():
-    """The clock train.py's budget runs on, a function returning seconds. wall: time.perf_counter. cpu: the CPU
-    seconds of this process (all its threads) divided by its thread count, so that time the machine gave to
-    other processes does not count: on a shared machine the same train.py then reaches the same step.
-    Meant with OMP_WAIT_POLICY=PASSIVE (the harness sets it), else threads waiting for a descheduled peer spin
-    and bill the budget for it."""
-    if budget_clock_kind() == "wall":
-        return time.perf_counter
-    threads = cpu_threads()
-    return lambda: time.process_time() / threads
-
-
-MANIFEST_KEYS = ("version", "profile", "dataset", "vocab_size", "max_seq_len", "eval_tokens", "data_dir", "files")
-
-
-def load_manifest(root: Path | None = None) -> dict | None:
-    """The manifest of the prepared data, None if there is none; a damaged or outdated one is a clear error."""
-    path = (root or cache_dir()) / MANIFEST_NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise PrepareError(f"{path} is unreadable ({e}); run `python prepare.py --force` to prepare again.") from None
-    try:
-        manifest = json.loads(text)
-        missing = [k for k in MANIFEST_KEYS if k not in manifest]
-    except (json.JSONDecodeError, TypeError):
-        manifest, missing = None, ["valid JSON"]
-    if missing:
-        raise PrepareError(f"{path} is damaged (no {', '.join(missing)}); run `python prepare.py --force` "
-                           "to prepare the data again.")
-    if manifest["version"] != MANIFEST_VERSION:
-        raise PrepareError(f"{path} was written by another version of prepare.py (manifest version "
-                           f"{manifest['version']}, this one reads {MANIFEST_VERSION}); run "
-                           "`python prepare.py --force` to prepare the data again.")
-    return manifest
-
-
-def require_manifest() -> dict:
-    manifest = load_manifest()
-    if manifest is None:
-        raise PrepareError(f"No prepared data in {cache_dir()}. Run `python prepare.py` (or `autoresearch prepare`) "
-                           f"first; set AUTORESEARCH_CACHE if your data lives elsewhere.")
-    return manifest
-
-
-def default_profile() -> str:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            return "gpu"
-    except ImportError:
-        pass
-    return "cpu"
-
-
 def __getattr__(name: str):
     """TIME_BUDGET, PROFILE, MAX_SEQ_LEN, ... read lazily, so importing this file never fails or does work."""
     if name == "TIME_BUDGET":
         return time_budget()
-    if name == "BUDGET_CLOCK":
-        return budget_clock_kind()
     if name == "MANIFEST":
         return load_manifest()
     settings_keys = {"DATASET": "dataset", "VOCAB_SIZE": "vocab_size", "MAX_SEQ_LEN": "max_seq_len",
@@ -331,14 +219,7 @@ def split_prefixes(split: str, root: Path | None = None) -> list[Path]:
     return prefixes
 
 
-SEED_ENV = "AUTORESEARCH_SEED"   # the run's seed, set by the harness: each run of a series gets its own
 _data_seed: list[int] = []       # the seed make_dataloader actually used, recorded by finish() in result.json
-
-
-def harness_seed() -> int | None:
-    """The run's seed when the harness runs train.py (None by hand)."""
-    raw = os.environ.get(SEED_ENV, "").strip()
-    return int(raw) if raw.lstrip("-").isdigit() else None
 
 
 def make_dataloader(tokenizer: Tokenizer, batch_size: int, seq_len: int, split: str = "train",
@@ -514,22 +395,6 @@ def final_line(val_bpb: float, memory_gb: float, steps: int) -> str:
     return f"val_bpb={val_bpb:.4f} | memory_gb={memory_gb:.1f} | steps={steps}"
 
 
-def check_result(result) -> list[str]:
-    """What is wrong with a result.json's contents (empty if nothing)."""
-    if not isinstance(result, dict):
-        return ["result.json does not hold an object"]
-    problems = []
-    for key, types in RESULT_SCHEMA.items():
-        value = result.get(key)
-        if value is None:
-            problems.append(f"no {key}")
-        elif isinstance(value, bool) or not isinstance(value, types):
-            problems.append(f"{key}={value!r} is not of type {getattr(types, '__name__', 'number')}")
-        elif isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{key}={value!r} is not finite")
-    return problems
-
-
 def save_exported(program, run_dir: Path) -> None:
     from safetensors.torch import save_file
     from torch._export.serde.serialize import serialize
@@ -545,8 +410,9 @@ def save_exported(program, run_dir: Path) -> None:
 def finish(model, stats: dict, batch_size: int) -> dict:
     """End a training run: export model's forward pass (tokens (batch_size, max_seq_len) -> logits) with its
     weights, score it on the fixed check rows, write result.json and, when the validation split is visible
-    (a run by hand), print val_bpb. stats must hold the RESULT_SCHEMA keys but check_bpb. Pass the plain
-    module, not a torch.compile wrapper."""
+    (a run by hand), print val_bpb. stats (runtime.Budget.stats(), and what train.py adds) must hold the
+    RESULT_SCHEMA keys but those finish fills itself: check_bpb, and seed, device, time_budget where missing.
+    Pass the plain module, not a torch.compile wrapper."""
     import torch
 
     if compile_only():  # the compile phase ends here: the cache is filled, nothing is exported or scored
@@ -561,6 +427,9 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     x = torch.from_numpy(rows[:, :-1]).to(device)
     result = dict(stats)
     result.setdefault("seed", harness_seed() if harness_seed() is not None else 0)
+    result.setdefault("device", device.type)
+    result.setdefault("time_budget", time_budget())
+    result.setdefault("profile", __getattr__("PROFILE"))
     result["data_seed"] = _data_seed[-1] if _data_seed else None  # what the data order used, not train.py's word
     t0 = time.time()
     try:
@@ -589,232 +458,6 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     else:
         print(f"training done: check_bpb={result['check_bpb']:.6f}; the harness evaluates val_bpb", flush=True)
     return result
-
-# ---------------------------------------------------------------------------
-# Device measurements (DO NOT CHANGE): the peak FLOP/s behind MFU and the CPU dtype choice. Under the harness
-# they are the tag's, measured by the harness once at setup and handed to every run read-only (PEAK_FILE in
-# the data view), so no run can change what a later one reads; by hand they are probed once and cached.
-# ---------------------------------------------------------------------------
-
-PEAK_FILE = "peak_flops.json"
-# Dense peak FLOP/s of known GPUs: (bf16 tensor cores, fp32).
-GPU_PEAK_FLOPS = {
-    "H200": (989e12, 67e12), "H100": (989e12, 67e12), "GH200": (989e12, 67e12), "B200": (2250e12, 80e12),
-    "A100": (312e12, 19.5e12), "A10G": (70e12, 31e12), "L40S": (362e12, 91e12), "L4": (121e12, 30e12),
-    "RTX 4090": (165e12, 83e12), "RTX 3090": (71e12, 36e12), "A6000": (155e12, 39e12),
-}
-
-
-def peak_key(device_type: str, dtype_name: str, threads: int) -> str:
-    import platform
-    return f"{device_type}|{platform.processor() or platform.machine()}|{threads}|{dtype_name}"
-
-
-def probe_flops(device, dtype, seconds: float = 0.25) -> float:
-    """A matmul's best FLOP/s, growing the size from 256 (to 2048 at most) while the next size's product would
-    take under `seconds`: bounded, because a bf16 matmul without bf16 units is slow (1 GFLOP/s on a 2-core AMD
-    EPYC, where the fixed 2048 probe this replaces took 12 minutes)."""
-    import torch
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elif device.type == "mps":
-            torch.mps.synchronize()
-
-    n, best = 256, float("inf")
-    while True:
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        a @ a
-        best = float("inf")
-        for _ in range(3):
-            sync()
-            t = time.perf_counter()
-            a @ a
-            sync()
-            best = min(best, time.perf_counter() - t)
-        if best * 8 >= seconds or n >= 2048:
-            return 2 * n**3 / best
-        n *= 2
-
-
-def peak_flops(device, dtype) -> float:
-    """The peak of the device in use for dtype: the table for known GPUs, else the tag's measurement (under the
-    harness), else a probe, cached in the data cache (by hand)."""
-    import torch
-    dtype_name = str(dtype).removeprefix("torch.")
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name()
-        for key, (bf16, fp32) in GPU_PEAK_FLOPS.items():
-            if key in name:
-                return bf16 if dtype == torch.bfloat16 else fp32
-    key = peak_key(device.type, dtype_name, torch.get_num_threads())
-    path = cache_dir() / PEAK_FILE
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    if key not in known:
-        known[key] = probe_flops(device, dtype)
-        if harness_seed() is None:  # by hand: remember it; under the harness the view is read-only
-            path.write_text(json.dumps(known, indent=1))
-    return float(known[key])
-
-
-def measure_peaks(threads: int) -> dict:
-    """The harness's measurement at setup (a fresh process with `threads` threads): every key a run on this
-    machine's CPU may ask for."""
-    import torch
-    torch.set_num_threads(threads)
-    cpu = torch.device("cpu")
-    return {peak_key("cpu", name, threads): probe_flops(cpu, dtype)
-            for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
-
-# ---------------------------------------------------------------------------
-# The runtime train.py uses (DO NOT CHANGE; an agent need not read it): which device, dtype and compiler to use
-# and why, peak memory, and the lines the harness and the dashboard read from its log (the step line and
-# FAST_FAIL). Defined here once, so that train.py holds research code and the harness parses what it prints.
-# ---------------------------------------------------------------------------
-
-FAST_FAIL = "FAST_FAIL"   # a log line starting with this: the loss diverged, the run is a crash
-# One line every 1/LOG_LINES of the budget: the progress bar, the dashboard's loss curve and `status` read it.
-STEP_RE = re.compile(r"^step=\s*(?P<step>\d+) \| loss=(?P<loss>[\d.naninf+-]+) \| tok/s=(?P<tok_per_sec>\d+) "
-                     r"\| mfu=(?P<mfu>[\d.]+)% \| elapsed=(?P<elapsed>\d+)s", re.M)
-
-
-def step_line(step: int, loss: float, tok_per_sec: float, mfu: float, elapsed: float, epoch: int) -> str:
-    return (f"step={step:6d} | loss={loss:.4f} | tok/s={tok_per_sec:.0f} | mfu={mfu:.1f}% | elapsed={elapsed:.0f}s "
-            f"| epoch={epoch}")
-
-
-def check_loss(step: int, loss: float) -> None:
-    """End the run at once when the loss is NaN, infinite or above 100: nothing after it is worth the budget."""
-    if not math.isfinite(loss) or loss > 100:
-        print(f"{FAST_FAIL} step={step} loss={loss} (NaN, infinite or above 100)", flush=True)
-        sys.exit(1)
-
-
-def run_seed(default: int = 42) -> int:
-    """The run's seed: the harness's (SEED_ENV, a new one for every run of a series), or `default` by hand. A
-    result.json with another seed is refused."""
-    raw = os.environ.get(SEED_ENV, "").strip()
-    if raw and harness_seed() is None:
-        raise PrepareError(f"{SEED_ENV}={raw!r} is not a whole number (the harness sets it; by hand, unset it)")
-    seed = harness_seed()
-    return default if seed is None else seed
-
-
-def pick_device():
-    import torch
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
-def pick_dtype(device):
-    """The matmul dtype (bf16 autocast or float32) and why. bf16 only where the hardware does it well: CUDA
-    sm80+, and CPUs whose measured bf16 matmul is at least twice their fp32 one. That holds with AMX (a 2-core
-    Sapphire-Rapids-class Xeon: 2,016 against 340 GFLOP/s); without bf16 units (a 2-core AMD EPYC) a bf16
-    matmul was ~5x slower than fp32. On MPS float32 is the reliable choice."""
-    import torch
-    if device.type == "cuda":
-        if torch.cuda.get_device_capability()[0] >= 8:
-            return torch.bfloat16, "CUDA sm80+: bf16 tensor cores"
-        return torch.float32, "CUDA before sm80: no fast bf16"
-    if device.type == "cpu":
-        fp32, bf16 = peak_flops(device, torch.float32), peak_flops(device, torch.bfloat16)
-        verdict = (torch.bfloat16, "at least 2x") if bf16 >= 2 * fp32 else (torch.float32, "under 2x")
-        return verdict[0], f"CPU bf16 matmul {bf16 / 1e9:,.0f} GFLOP/s against fp32 {fp32 / 1e9:,.0f}: {verdict[1]}"
-    return torch.float32, f"{device.type}: float32 is the reliable choice"
-
-
-def pick_compile(device, wanted: bool = True):
-    """Whether torch.compile can run here, and why. Inductor builds C++ on CPUs, so it needs a compiler; MPS
-    support is incomplete. The harness points TORCHINDUCTOR_CACHE_DIR at a cache that outlives the run, so an
-    unchanged graph (most experiments change only constants) compiles in ~3 s instead of ~30 s on 2 cores."""
-    import shutil
-    if not wanted:
-        return False, "USE_COMPILE is off"
-    if device.type == "mps":
-        return False, "mps: inductor support is incomplete"
-    if device.type == "cpu":
-        compiler = next((c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)), None)
-        if compiler is None:
-            return False, "no C++ compiler (g++, c++, clang++ or $CXX) for inductor's CPU kernels"
-        return True, f"inductor with {compiler}"
-    return True, "inductor"
-
-
-def load_flash_attention_3():
-    """FA3 from the `kernels` hub on Hopper; None (use SDPA) whenever it can't be had."""
-    import torch
-    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
-        return None
-    try:
-        from kernels import get_kernel
-        fa3 = get_kernel("varunneal/flash-attention-3").flash_attn_interface
-        q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16)
-        fa3.flash_attn_func(q, q, q, causal=True)  # prove it runs before relying on it
-        return fa3
-    except Exception as e:  # no network, no wheel for this torch, ...: fall back quietly
-        print(f"flash attention 3 unavailable ({type(e).__name__}); using PyTorch SDPA")
-        return None
-
-
-def peak_memory_gb(device) -> float:
-    import resource
-
-    import torch
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 1e9
-    if device.type == "mps":
-        return torch.mps.driver_allocated_memory() / 1e9
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
-    return rss / (1e9 if sys.platform == "darwin" else 1e6)
-
-# ---------------------------------------------------------------------------
-# Fingerprint and verification (DO NOT CHANGE)
-# ---------------------------------------------------------------------------
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def verify(manifest: dict, root: Path | None = None, full: bool = True) -> list[str]:
-    """Problems with the prepared files: missing, wrong size, or (full) wrong sha256."""
-    root = root or cache_dir()
-    problems = []
-    for rel, info in manifest["files"].items():
-        f = root / rel
-        if not f.is_file():
-            problems.append(f"{rel} is missing")
-        elif f.stat().st_size != info["bytes"]:
-            problems.append(f"{rel} has {f.stat().st_size} bytes, expected {info['bytes']}")
-        elif full and sha256_file(f) != info["sha256"]:
-            problems.append(f"{rel} does not match its checksum")
-    return problems
-
-
-def fingerprint(root: Path | None = None, prepare_path: Path | None = None, full: bool = True) -> str:
-    """Digest of the fixed half: this file (or the copy at prepare_path) and the manifest, which holds every
-    data file's sha256, less its timestamp: preparing the same data again gives the same fingerprint. With
-    full, every data file is checked against its sha256 first (seconds for the gpu profile's shards)."""
-    root = root or cache_dir()
-    manifest = load_manifest(root)
-    if manifest is None:
-        raise PrepareError(f"No prepared data in {root}; run `python prepare.py` first.")
-    problems = verify(manifest, root, full=full)
-    if problems:
-        raise PrepareError("The prepared data changed since it was prepared (" + "; ".join(problems[:3]) +
-                           "). Run `python prepare.py --force` to prepare it again.")
-    content = {k: v for k, v in manifest.items() if k != "created"}
-    h = hashlib.sha256(Path(prepare_path or __file__).read_bytes())
-    h.update(json.dumps(content, sort_keys=True).encode())
-    return h.hexdigest()
 
 
 def main(argv=None) -> int:

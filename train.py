@@ -6,12 +6,13 @@ hands the model to prepare.finish().
 
     python train.py
 
-Everything fixed comes from prepare.py: the data, tokenizer, TIME_BUDGET and
-MAX_SEQ_LEN, the metric, and the runtime (which device, dtype and compiler, and
-why; the seed; the step line and FAST_FAIL check the harness reads). What is
-here is research code: hyperparameters right below (edit them directly; "a if
-CPU else b" gives one value per profile, chosen when the data was prepared),
-then the model, the optimizer and the loop. Under the harness, val_bpb is
+Everything fixed comes from prepare.py (the data, tokenizer, TIME_BUDGET and
+MAX_SEQ_LEN, the metric, finish) and runtime.py below it (which device, dtype
+and compiler, and why; the seed; the budget's clock and the step lines the
+harness reads, behind setup() and Budget). What is here is research code:
+hyperparameters right below (edit them directly; "a if CPU else b" gives one
+value per profile, chosen when the data was prepared), then the model, the
+optimizer and the loop. Under the harness, val_bpb is
 measured by the harness on the exported model: see the CONTRACT block at the end.
 """
 
@@ -21,18 +22,15 @@ import torch
 # the first parallel torch operation, so it comes first.
 torch.set_flush_denormal(True)
 
-import gc
 import os
 import sys
-import time
 from dataclasses import dataclass
 
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prepare import (BUDGET_CLOCK, MAX_SEQ_LEN, PROFILE, TIME_BUDGET, Tokenizer, budget_clock, check_loss, finish,
-                     load_flash_attention_3, make_dataloader, peak_flops, peak_memory_gb, pick_compile, pick_device,
-                     pick_dtype, run_seed, step_line)
+from prepare import MAX_SEQ_LEN, PROFILE, Tokenizer, finish, make_dataloader
+from runtime import Budget, setup
 
 # ---------------------------------------------------------------------------
 # Hyperparameters: edit these directly.
@@ -317,17 +315,8 @@ def lr_multiplier(progress: float) -> float:
 
 def main():
     global FA3
-    t_start = time.time()
-    seed = run_seed()
-    torch.manual_seed(seed)
-    device = pick_device()
-    dtype, dtype_reason = pick_dtype(device)
-    compiled, compile_reason = pick_compile(device, USE_COMPILE)
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        FA3 = load_flash_attention_3()
-
+    run = setup(USE_COMPILE)  # the seed (torch seeded with it), device, dtype and compiler, each printed with why
+    FA3 = run.fa3
     tokenizer = Tokenizer.from_directory()
     cfg = GPTConfig(vocab_size=tokenizer.get_vocab_size(), seq_len=MAX_SEQ_LEN, n_layer=DEPTH, n_embd=MODEL_DIM,
                     head_dim=HEAD_DIM, window_pattern=WINDOW_PATTERN, softcap=SOFTCAP)
@@ -336,41 +325,23 @@ def main():
     assert TOTAL_BATCH_SIZE % tokens_per_micro == 0, "TOTAL_BATCH_SIZE must be a multiple of DEVICE_BATCH_SIZE * MAX_SEQ_LEN"
     grad_accum = TOTAL_BATCH_SIZE // tokens_per_micro
 
-    model = GPT(cfg).to(device)
+    model = GPT(cfg).to(run.device)
     model.init_weights()
-    loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", device, seed)
+    loader = make_dataloader(tokenizer, DEVICE_BATCH_SIZE, MAX_SEQ_LEN, "train", run.device, run.seed)
     x, y, epoch = next(loader)
-    flops_per_token = model.flops_per_token()
-    peak = peak_flops(device, dtype)
-    print(f"dtype: {dtype_reason}\ncompile: {compile_reason}")
-    print(f"device={device.type} dtype={str(dtype).removeprefix('torch.')} compile={compiled} "
-          f"params={model.num_params():,} budget={TIME_BUDGET}s clock={BUDGET_CLOCK} grad_accum={grad_accum} "
-          f"profile={PROFILE} seed={seed} threads={torch.get_num_threads()}")
 
-    # Everything long-lived exists now: freeze it out of the collector's sight and keep it out of the loop.
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    startup_seconds = time.time() - t_start
-
-    # The budget's clock: wall seconds, or on a shared machine (AUTORESEARCH_BUDGET_CLOCK=cpu) the compute
-    # this process received. tok/s stays per wall second either way.
-    clock = budget_clock()
-    step, tokens, compile_seconds = 0, 0, 0.0
-    t0, c0 = time.time(), clock()
-    # Compilation is part of the budget, torch.compile's own imports (~1.3 s on 2 CPU cores) included.
-    optimizers = make_optimizers(model, dtype, compiled)
-    step_model = torch.compile(model, dynamic=False) if compiled else model
-    t_log, tokens_log = t0, 0
-    elapsed, next_log = 0.0, 0.0
-    while step < 10**9:  # the clock ends the loop; the counter is only a sentinel
-        multiplier = lr_multiplier(min(elapsed / TIME_BUDGET, 1.0))
+    # The budget's clock starts here: compilation (and AdamW's import of torch._dynamo) counts against it.
+    budget = Budget(run, TOTAL_BATCH_SIZE, model.flops_per_token(), model.num_params(), LOG_LINES)
+    optimizers = make_optimizers(model, run.dtype, run.compiled)
+    step_model = torch.compile(model, dynamic=False) if run.compiled else model
+    while budget.running():
+        multiplier = lr_multiplier(budget.progress)
         for opt in optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * multiplier
-        loss_sum = torch.zeros((), device=device)
+        loss_sum = torch.zeros((), device=run.device)
         for _ in range(grad_accum):
-            with autocast:
+            with run.autocast():
                 loss = step_model(x, y)
             (loss / grad_accum).backward()
             loss_sum += loss.detach()
@@ -379,47 +350,16 @@ def main():
         for opt in optimizers:
             opt.step()
         model.zero_grad(set_to_none=True)
-        step_loss = loss_sum.item() / grad_accum  # the mean over micro-batches; .item() also syncs the device
-        step += 1
-        tokens += TOTAL_BATCH_SIZE
-        check_loss(step, step_loss)
-        now = time.time()
-        elapsed = clock() - c0
-        if step == 1:
-            compile_seconds = elapsed  # the first step carries compilation and warm-up
-            first_step_wall = now - t0
-            t_log, tokens_log = now, tokens
-        if step == 1 or elapsed >= next_log:
-            next_log = (elapsed // (TIME_BUDGET / LOG_LINES) + 1) * (TIME_BUDGET / LOG_LINES)
-            rate = (tokens - tokens_log) / (now - t_log) if now > t_log and step > 1 else TOTAL_BATCH_SIZE / max(now - t0, 1e-9)
-            print(step_line(step, step_loss, rate, 100 * rate * flops_per_token / peak, elapsed, epoch), flush=True)
-            t_log, tokens_log = now, tokens
-        if elapsed >= TIME_BUDGET:
-            break
-    training_seconds = elapsed
-    gc.enable()
-    gc.unfreeze()
-    training_wall = time.time() - t0
-    steady = (tokens - TOTAL_BATCH_SIZE) / max(training_wall - first_step_wall, 1e-9) if step > 1 else 0.0
-    print(f"training={training_seconds:.1f}s compile={compile_seconds:.1f}s startup={startup_seconds:.1f}s "
-          f"tok/s={steady:.0f} mfu={100 * steady * flops_per_token / peak:.1f}%", flush=True)
+        budget.step(loss_sum.item() / grad_accum, epoch)  # the mean over micro-batches; .item() syncs the device
 
     # ---------------------------------------------------------------------------
     # CONTRACT with the harness (keep these lines working): training ends by handing the plain model (not the
     # torch.compile wrapper) to prepare.finish, which exports its forward pass, idx (EVAL_BATCH_SIZE,
     # MAX_SEQ_LEN) -> logits (..., vocab), with its weights. The harness scores that export on data this
-    # process never sees; a model that cannot be exported (torch.export) is a crash. The stats keys below
-    # through "dtype" are required (prepare.RESULT_SCHEMA); the rest are yours to add to.
+    # process never sees; a model that cannot be exported (torch.export) is a crash. budget.stats() holds what
+    # prepare.RESULT_SCHEMA requires; add your own keys beside it.
     # ---------------------------------------------------------------------------
-    finish(model, {
-        "memory_gb": peak_memory_gb(device), "num_steps": step, "training_seconds": training_seconds,
-        "time_budget": TIME_BUDGET, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
-        "total_tokens": tokens, "startup_seconds": startup_seconds, "compile_seconds": compile_seconds,
-        "tokens_per_second": steady, "mfu_percent": 100 * steady * flops_per_token / peak, "peak_flops": peak,
-        "num_params": model.num_params(), "flops_per_token": flops_per_token, "compiled": compiled,
-        "flash_attention_3": FA3 is not None, "profile": PROFILE, "seed": seed, "epoch": epoch,
-        "budget_clock": BUDGET_CLOCK, "training_wall_seconds": training_wall,
-    }, EVAL_BATCH_SIZE)
+    finish(model, {**budget.stats(), "num_params": model.num_params()}, EVAL_BATCH_SIZE)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ training in one run). So the cache has two layers:
 
 - a *base* per champion (configuration) and what else changes the code inductor compiles for it (the threads per
   run, the machine and torch: key()), filled only by a **compile phase**: the champion's train.py run by the
-  harness in compile-only mode (prepare.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in
+  harness in compile-only mode (runtime.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in
   a sandbox where the base is the only thing it may write and no token file exists. It sees no data, so nothing in
   it can come from data. It runs outside any budget, once per base (the baseline at its first run, then after
   each keep, and a tag with other threads per run its own), and the harness records that it did (`<base>.done`,
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from autoresearch import guard, machine, processes, sandbox, tags
+from autoresearch import fixed, guard, machine, processes, sandbox, tags
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
                       # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
@@ -52,7 +52,7 @@ def key(config_id: str, config: dict) -> str:
     harness: OMP_NUM_THREADS = the tag's threads per run), the torch version, the GPU's name and CUDA version
     (CacheBase.get_system) and the default dtype; a C++ kernel's key has the compile command with the CPU's
     vector ISA (pick_vec_isa; machine.hardware's CPU name carries it). train.py's matmul dtype follows the device
-    and the tag's peak FLOP/s (prepare.pick_dtype), measured at each tag's setup. So: the device and threads in
+    and the tag's peak FLOP/s (runtime.pick_dtype), measured at each tag's setup. So: the device and threads in
     clear, the device's name, torch and the tag's peaks hashed. Keyed by configuration alone, a base filled at 2
     threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside its budget
     (issue 34)."""
@@ -90,18 +90,17 @@ def note(base: Path) -> str:
 
 def phase_env(view: Path, base: Path, threads: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "PYTHON", "TORCHINDUCTOR_"))}
-    import prepare
     env.update(AUTORESEARCH_CACHE=str(view), TORCHINDUCTOR_CACHE_DIR=str(base), PYTHONDONTWRITEBYTECODE="1",
                HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(threads))
-    env[prepare.COMPILE_ONLY_ENV] = "1"
+    env[fixed.runtime().COMPILE_ONLY_ENV] = "1"
     return env
 
 
-def ensure_base(cache: Path, config_id: str, config: dict, train_source: str, prepare_source: bytes, manifest: dict,
-                protection: str, log=print) -> Path:
+def ensure_base(fixed_half, config_id: str, config: dict, train_source: str, protection: str, log=print) -> Path:
     """The base for the runs of tag `config` whose champion is config_id (named by key()), filled by a compile
     phase if it has none yet. One phase at a time per base: parallel workers on one machine share the data cache,
-    so they share its bases."""
+    so they share its bases. fixed_half: the tag's fixed.FixedHalf (its clean files, data cache and manifest)."""
+    cache = fixed_half.cache
     name = key(config_id, config)
     base = base_dir(cache, name)
     if ready(cache, name) is not None and base.is_dir():
@@ -115,19 +114,18 @@ def ensure_base(cache: Path, config_id: str, config: dict, train_source: str, pr
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
             return base
-        return _fill(cache, name, base, train_source, prepare_source, manifest, config.get("peak_flops"), protection,
-                     tags.threads_per_run(config), log)
+        return _fill(fixed_half, name, train_source, config, protection, log)
 
 
-def _fill(cache: Path, name: str, base: Path, train_source: str, prepare_source: bytes, manifest: dict,
-          peaks: dict | None, protection: str, threads: int, log) -> Path:
+def _fill(fixed_half, name: str, train_source: str, config: dict, protection: str, log) -> Path:
+    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
     shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     try:
         (work / "train.py").write_text(train_source)
-        (work / "prepare.py").write_bytes(prepare_source)
-        view = sandbox.make_view(work, cache, manifest, peaks, tokens=False)
+        fixed.write_sources(fixed_half.sources, work)
+        view = sandbox.make_view(work, cache, fixed_half.manifest, config.get("peak_flops"), tokens=False)
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, base)

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from prepare import (MANIFEST_NAME, MANIFEST_VERSION, PROFILES, SPECIAL_TOKENS, PrepareError, Tokenizer, cache_dir,
-                     default_profile, evaluation_rows, load_manifest, sha256_file, verify)
+from prepare import PROFILES, SPECIAL_TOKENS, Tokenizer, evaluation_rows
+from runtime import MANIFEST_NAME, MANIFEST_VERSION, PrepareError, cache_dir, default_profile, load_manifest
 
 from autoresearch import sandbox
+from autoresearch.checksums import sha256_file, verify
 from autoresearch.sources import (CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD, atomic_write_bytes, local_files,
                                   prepare_climbmix, prepare_gutenberg, prepare_local, read_texts)
 

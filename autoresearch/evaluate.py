@@ -586,7 +586,7 @@ def parse(argv: list[str]):
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("--prepare-dir", required=True, help="a directory holding the clean prepare.py alone")
+    parser.add_argument("--prepare-dir", required=True, help="a directory holding the clean fixed files (prepare.py, runtime.py) alone")
     parser.add_argument("--path", action="append", default=[],
                         help="a directory of packages to import from (the harness's PYTHONPATH; -I drops it)")
     parser.add_argument("--wait", action="store_true", help="import everything, then read the Request as one JSON "
@@ -652,7 +652,8 @@ def main(argv: list[str]) -> int:
 
 
 class Evaluator:
-    """This file as a script in a fresh, isolated interpreter with prepare_source as its prepare.py, on the run
+    """This file as a script in a fresh, isolated interpreter with the clean fixed files `sources` (file name ->
+    bytes: prepare.py and the runtime.py it imports) as the only prepare it can import, on the run
     whose output directory is `out`; run() hands it the Request and returns its JSON: val_bpb (and test_bpb,
     check_bpb, seconds), or refused / error with a reason. One run per Evaluator; close() ends it.
 
@@ -663,13 +664,14 @@ class Evaluator:
     priority, then reads the Request on its stdin, which only the harness holds: the training's sandbox has its
     own process namespace and no capability, so it cannot see this process, let alone write to it. There it
     runs in its own sandbox (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may
-    write nothing, reach no network, and see nothing but the data, its own two files and `out`."""
+    write nothing, reach no network, and see nothing but the data, its own files and `out`."""
 
-    def __init__(self, prepare_source: bytes, cache: Path, out: Path, protection: str = "none"):
+    def __init__(self, sources: dict[str, bytes], cache: Path, out: Path, protection: str = "none"):
         self.cache, self.out, self.protection, self.proc = cache, out, protection, None
         self.private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
         (self.private / "fixed").mkdir()
-        (self.private / "fixed" / "prepare.py").write_bytes(prepare_source)
+        for name, source in sources.items():
+            (self.private / "fixed" / name).write_bytes(source)
         script = self.private / "evaluate.py"  # a copy: the evaluator depends on no file of the work tree
         script.write_bytes(Path(__file__).read_bytes())
         # -I: no PYTHON* variables, no user site, no script directory on sys.path; -B: no bytecode written. The
@@ -723,10 +725,10 @@ class Evaluator:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
-def run_evaluation(prepare_source: bytes, cache: Path, request: Request, timeout: float,
+def run_evaluation(sources: dict[str, bytes], cache: Path, request: Request, timeout: float,
                    protection: str = "none", on_start=None) -> dict:
     """An Evaluator on the finished run `request` names, at once (Evaluator.run)."""
-    return Evaluator(prepare_source, cache, Path(request.run_dir), protection).run(request, timeout, on_start)
+    return Evaluator(sources, cache, Path(request.run_dir), protection).run(request, timeout, on_start)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                   config.get("timeout_s") or float("inf"))
     # Under bubblewrap the evaluator imports torch while train.py starts (evaluate.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    with contextlib.closing(evaluate.Evaluator(fixed_half.source, fixed_half.cache, out, protection)) as evaluator:
+    with contextlib.closing(evaluate.Evaluator(fixed_half.sources, fixed_half.cache, out, protection)) as evaluator:
         try:
             training = supervise.run_training(repo, run_dir, seed, timeout, pending, pending_path, view, wrap,
                                               on_progress, clock, threads, [evaluator.proc.pid] if evaluator.proc
@@ -85,8 +85,9 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             except HarnessError as e:
                 fingerprint_after = str(e)
             if fingerprint_after != config["fingerprint"]:
-                refusal = ("the prepared data or prepare.py changed during the run; every later run is refused until "
-                           "`python prepare.py --force` restores it")
+                refusal = ("the prepared data, prepare.py or runtime.py changed during the run; every later run is "
+                           "refused until `git checkout prepare.py runtime.py` or `python prepare.py --force` "
+                           "restores it")
         result = None
         allowance = config["allowance_s"]
         took = budget + outside_seconds(config, training)
@@ -96,7 +97,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             result, problem = (None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir)
             if training.timed_out:
                 crash = f"timeout after {timeout:.0f} s, killed"
-            elif fixed.contract().FAST_FAIL in log_text:
+            elif fixed.runtime().FAST_FAIL in log_text:
                 crash = "FAST_FAIL (loss NaN, infinite or exploding)"
             elif protection == "bwrap" and log_text.startswith("bwrap:"):  # the sandbox itself failed to start
                 crash = (f"the sandbox could not start the training ({log_text.splitlines()[0][:300]}): a path it "

@@ -23,7 +23,7 @@ class BadQuery(ValueError):
 def parse_log(text: str) -> dict:
     """A training log's curve and its latest tok/s, MFU and elapsed seconds."""
     curve, last = [], None
-    pattern = getattr(fixed.contract(), "STEP_RE", None)  # None: an experiment branch older than the contract
+    pattern = getattr(fixed.runtime(), "STEP_RE", None)  # None: an experiment branch older than the contract
     for m in pattern.finditer(text) if pattern else ():
         step, loss, tok, mfu, elapsed = m["step"], m["loss"], m["tok_per_sec"], m["mfu"], m["elapsed"]
         try:

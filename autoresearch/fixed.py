@@ -1,53 +1,73 @@
-"""The fixed half (prepare.py and the prepared data) as the harness sees it: its fingerprint, the budget and
-clock it sets, the clean copy every evaluation uses, and the result file a training must leave.
+"""The fixed half (prepare.py, runtime.py and the prepared data) as the harness sees it: its fingerprint, the
+budget and clock it sets, the clean copy every run and evaluation uses, and the result file a training must leave.
 
-The harness imports its own prepare.py once, at the CLI's start (`contract()`); a run's working tree may hold
-an edited one, which is why the fingerprint hashes the file itself and the evaluator gets the tag's committed
-copy (clean_prepare), never the working tree's.
+The harness imports its own prepare.py and runtime.py once, at the CLI's start (`contract()`, `runtime()`); a
+run's working tree may hold edited ones, which is why the fingerprint hashes the files themselves and the
+evaluator gets the tag's committed copies (clean_sources), never the working tree's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import evaluate, git, sandbox
+from autoresearch import checksums, evaluate, git, sandbox, state
 from autoresearch.errors import HarnessError
 
 
-RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss")  # what the harness reads of it
+RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss", "COMPILE_ONLY_ENV")  # what the harness
+#                                                                                               reads of runtime.py
 
 
 def contract():
-    """The harness's own copy of the fixed half (the installed one, imported once at the CLI's start)."""
+    """The harness's own prepare.py (the installed one, imported once at the CLI's start)."""
     import prepare
     return prepare
 
 
+def runtime():
+    """The harness's own runtime.py: the step line, FAST_FAIL, the budget and its clock."""
+    import runtime
+    return runtime
+
+
 def check_contract() -> None:
-    """A clear error when the imported prepare.py predates what the harness reads from it (an experiment branch
-    set up before the runtime moved into prepare.py, checked out under a newer harness)."""
-    prepare = contract()
-    missing = [name for name in RUNTIME if name not in vars(prepare)]
+    """A clear error when the imported runtime.py lacks what the harness reads from it."""
+    missing = [name for name in RUNTIME if name not in vars(runtime())]
     if missing:
-        raise HarnessError(f"{prepare.__file__} has no {', '.join(missing)}: it is older than this harness (the tag "
-                           "was set up before train.py's runtime moved into prepare.py). Start a new tag from main "
-                           "(`git checkout main && autoresearch setup --tag NEWTAG`), or continue this one with the "
-                           "harness of its time (`pip install -e .` at the tag's base commit).")
+        raise HarnessError(f"{runtime().__file__} has no {', '.join(missing)}: it is older than this harness. Start "
+                           "a new tag from main (`git checkout main && autoresearch setup --tag NEWTAG`), or continue "
+                           "this one with the harness of its time (`pip install -e .` at the tag's base commit).")
 
 
-def fingerprint(repo: Path) -> str:
-    """The fingerprint of the fixed half as this repository has it (its own prepare.py, the prepared data, every
-    data file checked by sha256). prepare.py is also hashed here, so an edited fingerprint() cannot vouch for
-    itself."""
+def fingerprint(repo: Path, root: Path | None = None, full: bool = True) -> str:
+    """The fingerprint of the fixed half as this repository has it: every file of state.FIXED it holds, and the
+    prepared data's manifest less its timestamp (preparing the same data again gives the same fingerprint). With
+    full, every data file is checked against its sha256 first (seconds for the gpu profile's shards)."""
     prepare = contract()
+    root = root or prepare.cache_dir()
     try:
-        digest = prepare.fingerprint(prepare_path=repo / "prepare.py", full=True)
+        manifest = prepare.load_manifest(root)
     except prepare.PrepareError as e:
         raise HarnessError(str(e)) from None
-    return hashlib.sha256(digest.encode() + (repo / "prepare.py").read_bytes()).hexdigest()
+    if manifest is None:
+        raise HarnessError(f"No prepared data in {root}; run `python prepare.py` first.")
+    problems = checksums.verify(manifest, root, full=full)
+    if problems:
+        raise HarnessError("The prepared data changed since it was prepared (" + "; ".join(problems[:3]) +
+                           "). Run `python prepare.py --force` to prepare it again.")
+    content = json.dumps({k: v for k, v in manifest.items() if k != "created"}, sort_keys=True).encode()
+    present = [name for name in state.FIXED if (repo / name).exists()]
+    if present == ["prepare.py"]:  # a branch from before runtime.py: its tags' fingerprints, as they were made
+        source = (repo / "prepare.py").read_bytes()
+        return hashlib.sha256(hashlib.sha256(source + content).hexdigest().encode() + source).hexdigest()
+    h = hashlib.sha256()
+    for name in present:
+        h.update(name.encode() + b"\0" + (repo / name).read_bytes() + b"\0")
+    return hashlib.sha256(h.digest() + content).hexdigest()
 
 
 def budget() -> float:
@@ -61,39 +81,73 @@ def clock() -> str:
 
 
 def _setting(name: str):
-    prepare = contract()
+    module = runtime()
     try:
-        return getattr(prepare, name)()
-    except prepare.PrepareError as e:
+        return getattr(module, name)()
+    except module.PrepareError as e:
         raise HarnessError(str(e)) from None
 
 
-def clean_prepare(repo: Path, config: dict) -> bytes:
-    """prepare.py as committed when the tag was set up: the evaluator's copy, never the working tree's."""
-    source = git.git(repo, "show", f"{config['base_commit']}:prepare.py", strip=False).encode()
-    if hashlib.sha256(source).hexdigest() != config["prepare_sha256"]:
-        raise HarnessError("prepare.py in git at the tag's base commit is not the one the tag was set up with; "
-                           "the repository was rewritten. Start a new tag.")
-    return source
+def committed_digests(repo: Path, commit: str = "HEAD") -> dict[str, str]:
+    """The sha256 of every file of state.FIXED at commit: what a tag records at setup."""
+    return {name: hashlib.sha256(source).hexdigest() for name, source in _committed(repo, commit).items()}
+
+
+def _committed(repo: Path, commit: str) -> dict[str, bytes]:
+    names = git.git(repo, "ls-tree", "--name-only", commit, "--", *state.FIXED).split()
+    return {name: git.git(repo, "show", f"{commit}:{name}", strip=False).encode() for name in names}
+
+
+def clean_sources(repo: Path, config: dict) -> dict[str, bytes]:
+    """The fixed files as committed when the tag was set up (a tag from before runtime.py: prepare.py alone):
+    what every run and evaluation of the tag uses, never the working tree's."""
+    digests = config.get("fixed_sha256") or {"prepare.py": config["prepare_sha256"]}
+    sources = _committed(repo, config["base_commit"])
+    if {n: hashlib.sha256(s).hexdigest() for n, s in sources.items() if n in digests} != digests:
+        raise HarnessError("the fixed files in git at the tag's base commit are not the ones the tag was set up "
+                           "with; the repository was rewritten. Start a new tag.")
+    return {name: sources[name] for name in digests}
+
+
+def write_sources(sources: dict[str, bytes], directory: Path) -> None:
+    """The fixed files into a fresh directory, where a clean process imports them."""
+    for name, source in sources.items():
+        (directory / name).write_bytes(source)
 
 
 @dataclass
 class FixedHalf:
     """What every run of a tag evaluates with, read before a run starts."""
-    source: bytes      # prepare.py as committed at the tag's base commit
+    sources: dict      # file name -> bytes, as committed at the tag's base commit (clean_sources)
     cache: Path
     manifest: dict
 
 
 def of_tag(repo: Path, config: dict) -> FixedHalf:
     prepare = contract()
-    return FixedHalf(clean_prepare(repo, config), prepare.cache_dir(), prepare.require_manifest())
+    return FixedHalf(clean_sources(repo, config), prepare.cache_dir(), prepare.require_manifest())
 
 
 def contract_files() -> tuple[str, ...]:
     """The files a training leaves in out/: its result and its exported model."""
     prepare = contract()
     return prepare.RESULT_FILE, prepare.GRAPH_FILE, prepare.TENSORS_FILE
+
+
+def check_result(result) -> list[str]:
+    """What is wrong with a result.json's contents against prepare.RESULT_SCHEMA (empty if nothing)."""
+    if not isinstance(result, dict):
+        return ["result.json does not hold an object"]
+    problems = []
+    for key, types in contract().RESULT_SCHEMA.items():
+        value = result.get(key)
+        if value is None:
+            problems.append(f"no {key}")
+        elif isinstance(value, bool) or not isinstance(value, types):
+            problems.append(f"{key}={value!r} is not of type {getattr(types, '__name__', 'number')}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{key}={value!r} is not finite")
+    return problems
 
 
 def read_result(run_dir: Path) -> tuple[dict | None, str]:
@@ -108,7 +162,7 @@ def read_result(run_dir: Path) -> tuple[dict | None, str]:
         return None, str(e)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         return None, f"result.json is not valid JSON ({e})"
-    problems = prepare.check_result(result)
+    problems = check_result(result)
     if problems:
         return None, "result.json: " + "; ".join(problems[:4])
     return result, ""

@@ -58,7 +58,7 @@ class Row:
     n: int = 0                 # its finished runs
     p_better: float | None = None  # P(it beats the champion), when it was compared with one
     decision: str = ""         # why this status: the rule and its numbers
-    clock: str = "wall"        # the budget's clock: wall or cpu (prepare.budget_clock)
+    clock: str = "wall"        # the budget's clock: wall or cpu (runtime.budget_clock)
     load: float | None = None  # cores other processes kept busy during training (steal included)
     worker: str = ""           # the Ray worker that ran it (cluster.py), empty for `autoresearch run`
     host: str = ""             # the machine it ran on

@@ -176,7 +176,7 @@ def pruning(repo: Path, config: dict, rows, rule: str, first_run: bool) -> prune
     if rule != "stat" or not prune.enabled() or not first_run:
         return None
     return prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
-                           fixed.contract().STEP_RE)
+                           fixed.runtime().STEP_RE)
 
 
 def run_series(repo: Path, description: str, rule: str | None = None, seed: int = schedule.FIRST_SEED,
@@ -209,8 +209,7 @@ def compile_base(repo: Path, config: dict, rows: list[ledger.Row], fixed_half: f
         return None
     champion = tags.last_kept_commit(repo, config, rows)
     source = git.git(repo, "show", f"{champion}:{EDITABLE}", strip=False)
-    return compiled.ensure_base(fixed_half.cache, tags.config_of(repo, champion), config, source, fixed_half.source,
-                                fixed_half.manifest, protection, log)
+    return compiled.ensure_base(fixed_half, tags.config_of(repo, champion), config, source, protection, log)
 
 
 def crash_hint(commit: str) -> str:

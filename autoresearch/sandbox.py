@@ -33,7 +33,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autoresearch import heldout
+from autoresearch import heldout, state
 
 MODES = ("auto", "on", "off")
 VIEW_DIR = "data"        # in a run's directory: the training's data view (read-only to it)
@@ -183,14 +183,17 @@ def _finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:
 
 
 def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict) -> list[str]:
-    """The training's sandbox: train.py (the run's checked copy) and prepare.py at their paths, the view and the
+    """The training's sandbox: train.py (the run's checked copy), prepare.py and runtime.py at their paths, the view and the
     training files read-only, out/ and the compile cache's private copy writable."""
     args = empty_root()
     # the bytes the harness checked (execute.py), never the work tree's train.py, which an agent confined beside
     # this run may rewrite while it trains
     source = run_dir / SOURCE if (run_dir / SOURCE).is_file() else repo / "train.py"
-    args += ["--ro-bind", str(source), str(repo / "train.py"), "--ro-bind", str(repo / "prepare.py"),
-             str(repo / "prepare.py"), "--ro-bind", str(run_dir / VIEW_DIR), str(run_dir / VIEW_DIR)]
+    args += ["--ro-bind", str(source), str(repo / "train.py"), "--ro-bind", str(run_dir / VIEW_DIR),
+             str(run_dir / VIEW_DIR)]
+    for name in state.FIXED:  # the work tree's: its fingerprint is checked before and after the run (execute.py)
+        if (repo / name).exists():
+            args += ["--ro-bind", str(repo / name), str(repo / name)]
     for rel in training_files(manifest):
         real = str((cache / rel).resolve())
         args += ["--ro-bind", real, real]

@@ -84,7 +84,7 @@ def _repeat(series: decide.Series, run_no: int, resume: bool) -> Next:
 
 
 def seed(rows, config: str, in_flight: list[int], rule: str, first: int = FIRST_SEED) -> int:
-    """The seed of the next run of configuration `config` (the harness passes it as prepare.SEED_ENV, and refuses
+    """The seed of the next run of configuration `config` (the harness passes it as runtime.SEED_ENV, and refuses
     a result with another). Under the stat rule: the lowest seed from `first` up that none of the configuration's
     finished runs and none of its runs in flight (in_flight: their seeds) has. So a configuration's k-th run
     gets first + k - 1, its runs never share a seed, and its k-th run meets the champion's k-th on the same seed,

@@ -27,6 +27,7 @@ STATE_DIR = ".autoresearch"
 RESULTS = "results.tsv"
 BRANCH_PREFIX = "autoresearch/"
 EDITABLE = "train.py"          # the one file an experiment changes
+FIXED = ("prepare.py", "runtime.py")  # the fixed half's code: what train.py imports, never edited by an experiment
 RUN_LOG = "run.log"            # in a run's directory, and the last run's copy at the repository's root
 EVALUATION = "evaluation.json"  # in a run's directory: the harness's evaluation
 

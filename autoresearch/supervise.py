@@ -23,14 +23,14 @@ LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many
 
 
 def progress(log_path: Path) -> tuple[float | None, str | None]:
-    """Training seconds elapsed according to the newest step line in the log (prepare.STEP_RE), and that line."""
+    """Training seconds elapsed according to the newest step line in the log (runtime.STEP_RE), and that line."""
     try:
         with open(log_path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
             text = f.read().decode(errors="replace")
     except OSError:
         return None, None
-    found = list(fixed.contract().STEP_RE.finditer(text))
+    found = list(fixed.runtime().STEP_RE.finditer(text))
     if not found:
         return None, None
     line = text[found[-1].start():].split("\n", 1)[0].strip()
@@ -126,7 +126,7 @@ def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
     env.update(AUTORESEARCH_RUN_DIR=str(out), AUTORESEARCH_CACHE=str(view),
                PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
-    env[contract.SEED_ENV] = str(seed)
+    env[fixed.runtime().SEED_ENV] = str(seed)
     if "AUTORESEARCH_TIME_BUDGET" in os.environ:
         env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
     env.update(machine_load.clock_env(clock, threads))

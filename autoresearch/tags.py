@@ -9,7 +9,6 @@ is refused (pin_problems); a run from a machine or fixed half that differs is re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -68,13 +67,13 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
     fingerprint = fixed.fingerprint(repo)
-    prepare_source = git.git(repo, "show", "HEAD:prepare.py", strip=False).encode()
+    digests = fixed.committed_digests(repo)
     import prepare
     budget, clock = fixed.budget(), fixed.clock()
     profile = prepare.require_manifest()["profile"]
     config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": budget,
               "clock": clock,
-              "base_commit": git.head(repo), "prepare_sha256": hashlib.sha256(prepare_source).hexdigest(),
+              "base_commit": git.head(repo), "fixed_sha256": digests,
               "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "protection": protection, "decision": rule, "allowance_s": outside_allowance(profile, budget),
               "timeout_s": timeout or default_timeout(budget, clock), "max_train_bytes": MAX_TRAIN_BYTES,
@@ -82,7 +81,8 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
               "compile_cache": compile_cache_mode()}
     if threads is not None:  # parallel workers: each run gets this many threads (threads_per_run)
         config["threads"] = threads
-    config["peak_flops"] = machine_peaks(prepare_source, threads_per_run(config), config["hardware"])
+    config["peak_flops"] = machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
+                                         config["hardware"])
     sandbox.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
     git.git(repo, "checkout", "-q", "-b", name)
     state.atomic_json(state.tag_file(repo, tag), config)
@@ -103,8 +103,8 @@ def load_tag(repo: Path) -> dict:
     ledger.check_header(state.results(repo))
     try:
         config = json.loads(path.read_text())
-        missing = [k for k in ("tag", "branch", "fingerprint", "budget_s", "base_commit", "prepare_sha256")
-                   if k not in config]
+        missing = [k for k in ("tag", "branch", "fingerprint", "budget_s", "base_commit") if k not in config]
+        missing += [] if "fixed_sha256" in config or "prepare_sha256" in config else ["fixed_sha256"]
     except (OSError, ValueError, TypeError) as e:
         config, missing = None, [f"readable JSON ({e})"]
     if missing:
@@ -133,7 +133,7 @@ def default_timeout(budget: float, clock: str) -> float:
     return (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
 
 
-def machine_peaks(prepare_source: bytes, threads: int, hardware: dict) -> dict:
+def machine_peaks(sources: dict[str, bytes], threads: int, hardware: dict) -> dict:
     """measure_peaks, remembered per machine, thread count and torch in a file beside the data cache that only the
     harness writes (a sandboxed training cannot see it): setting up a tag costs ~4 s of probing once per
     machine, not once per tag."""
@@ -147,20 +147,20 @@ def machine_peaks(prepare_source: bytes, threads: int, hardware: dict) -> dict:
         known = {}
     if not isinstance(known, dict) or not isinstance(known.get(key), dict):
         known = known if isinstance(known, dict) else {}
-        known[key] = measure_peaks(prepare_source, threads)
+        known[key] = measure_peaks(sources, threads)
         state.atomic_json(path, known)
     return known[key]
 
 
-def measure_peaks(prepare_source: bytes, threads: int) -> dict:
-    """The machine's peak FLOP/s per dtype, measured by the harness in a fresh process with the clean prepare.py
+def measure_peaks(sources: dict[str, bytes], threads: int) -> dict:
+    """The machine's peak FLOP/s per dtype, measured by the harness in a fresh process with the clean fixed files
     and the runs' thread count, once per tag: every run reads it from its view, none can change it."""
     with tempfile.TemporaryDirectory(prefix="autoresearch-peak-") as d:
-        (Path(d) / "prepare.py").write_bytes(prepare_source)
+        fixed.write_sources(sources, Path(d))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "PYTHON"))}
         env["OMP_NUM_THREADS"] = str(threads)
         proc = subprocess.run([sys.executable, "-I", "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); "
-                               "import prepare; print(json.dumps(prepare.measure_peaks(int(sys.argv[2]))))",
+                               "import runtime; print(json.dumps(runtime.measure_peaks(int(sys.argv[2]))))",
                                d, str(threads)], env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise HarnessError(f"measuring this machine's peak FLOP/s failed: {proc.stderr.strip()[-500:]}")

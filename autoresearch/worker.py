@@ -162,8 +162,8 @@ class Worker:
         if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
             try:
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
-                    self.fixed.cache, job["champion"], self.config, job["champion_source"], self.fixed.source,
-                    self.fixed.manifest, self.protection, log=lambda *a: None))
+                    self.fixed, job["champion"], self.config, job["champion_source"], self.protection,
+                    log=lambda *a: None))
             except compiled.Tampered as e:
                 pending_path.unlink(missing_ok=True)
                 return dict(where, status="refused", reason=str(e), result=None, evaluation={},

@@ -49,6 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     import prepare
     from autoresearch import compiled, edit, sandbox
+    from autoresearch.state import FIXED
     source_cache = prepare.cache_dir()
     with tempfile.TemporaryDirectory(prefix="autoresearch-compilebench-") as tmp:
         cache = Path(tmp) / "cache"  # its own data cache, so its compile cache starts empty
@@ -90,7 +91,8 @@ def main() -> None:
         work = Path(tmp) / "phase"
         work.mkdir()
         (work / "train.py").write_text(train.read_text())
-        shutil.copy(repo / "prepare.py", work / "prepare.py")
+        for name in FIXED:
+            shutil.copy(repo / name, work / name)
         manifest = json.loads((cache / "manifest.json").read_text())
         tag = json.loads((repo / ".autoresearch" / "tags" / "compile.json").read_text())
         view = sandbox.make_view(work, cache, manifest, tag.get("peak_flops"), tokens=False)

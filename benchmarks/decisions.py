@@ -3,7 +3,7 @@
     python benchmarks/decisions.py --budget 10 --aa 20 --naive 20 --tries 10 --out decisions.jsonl
     python benchmarks/decisions.py --report decisions.jsonl
 
-Everything runs in a scratch repository (this checkout's train.py and prepare.py, the harness from this
+Everything runs in a scratch repository (this checkout's train.py, prepare.py and runtime.py, the harness from this
 checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` exactly as an agent calls it:
 - A/A: a tag whose baseline runs as usual, then --aa experiments that each make a change that cannot matter.
   Every keep is a false keep. --aa-change init (the default) draws i random numbers right after
@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch import ledger  # noqa: E402
+from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.edit import read_constants, set_constants  # noqa: E402
 
 RECORDS: list[dict] = []
@@ -66,7 +67,7 @@ def detuned_and_fixed(source: str, detune: str) -> tuple[str, str, str]:
 def scratch(tmp: Path, name: str, detune: str | None) -> Path:
     repo = tmp / name
     repo.mkdir()
-    for name in ("train.py", "prepare.py", ".gitignore"):
+    for name in ("train.py", *FIXED, ".gitignore"):
         shutil.copy(ROOT / name, repo / name)
     if detune:
         (repo / "train.py").write_text(detuned_and_fixed((repo / "train.py").read_text(), detune)[0])
@@ -128,7 +129,7 @@ def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out
     for name, source in (("detuned", (repo / "train.py").read_text()), ("fixed", fixed)):
         work = repo.parent / f"gain-{name}"
         work.mkdir()
-        for f in ("prepare.py",):
+        for f in FIXED:
             shutil.copy(repo / f, work / f)
         (work / "train.py").write_text(source)
         for seed in range(1, seeds + 1):

@@ -23,9 +23,10 @@ spec = importlib.util.spec_from_file_location("old_evaluate", str(OLD))
 old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
 from autoresearch import evaluate as new
 src = (root / "prepare.py").read_bytes()
+sources = {n: (root / n).read_bytes() for n in ("prepare.py", "runtime.py")}
 dt = result["dtype"]
 a = old.run_evaluation(src, out, dt, "cpu", result["check_bpb"], float("inf"), cache, timeout=900)
-b = new.run_evaluation(src, cache, new.Request(str(out), dt, "cpu", result["check_bpb"]), 900)
+b = new.run_evaluation(sources, cache, new.Request(str(out), dt, "cpu", result["check_bpb"]), 900)
 walls = {"old": [], "new": []}
 for _ in range(3):
     t = time.time(); old.run_evaluation(src, out, dt, "cpu", result["check_bpb"], 0.0, cache, timeout=900); walls["old"].append(time.time() - t)

@@ -1,7 +1,7 @@
 """Experiments per hour with `autoresearch loop --workers N`, for several N at the same per-experiment budget and
 the same threads per worker, in one run (BENCHMARKS.md: Many experiments at once).
 
-Each arm is a fresh repository (this checkout's train.py, prepare.py, program.md) and a fresh tag, looping with
+Each arm is a fresh repository (this checkout's train.py, prepare.py, runtime.py, program.md) and a fresh tag, looping with
 the built-in proposer and the default decision rule on the prepared data for `window` seconds of wall clock, then
 stopped with Ctrl-C (the runs in flight are recorded as interrupted and not counted). Counted: runs finished
 inside the window (rows other than refused and interrupted), experiments begun (configurations), and the
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch import decide, ledger, machine  # noqa: E402
+from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.worker import workers_dir  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def fresh_repo(where: Path, train_source: str | None = None) -> Path:
     """A new git repository holding this checkout's fixed files and train.py (or `train_source`)."""
     repo = where / "repo"
     repo.mkdir(parents=True)
-    for name in ("train.py", "prepare.py", ".gitignore", "program.md"):
+    for name in ("train.py", *FIXED, ".gitignore", "program.md"):
         shutil.copy(ROOT / name, repo / name)
     if train_source is not None:
         (repo / "train.py").write_text(train_source)

@@ -703,7 +703,7 @@ ATTACKS = [
            setup=("--sandbox", "off"), env={"AUTORESEARCH_COMPILE_CACHE": "champion"}),
     Attack("validation-in-the-work-tree", "the validation tokens left in an ignored directory of the work tree",
            lambda c: attack(prelude=READ_PLANTED), "crash", "exit status 1",
-           "the sandbox shows train.py, prepare.py and the training files only, not the work tree",
+           "the sandbox shows train.py, the fixed files and the training files only, not the work tree",
            before=_plant_validation, bwrap=True),
     Attack("validation-in-train-py", "the validation tokens embedded in train.py", _embedded, "refused",
            "more than this tag's limit", "a size limit on train.py, recorded in the tag; a kept model whose "
@@ -803,8 +803,9 @@ def git(repo: Path, *args: str) -> str:
 
 
 def make_repo(path: Path, train_source: str) -> Path:
+    from autoresearch.state import FIXED
     path.mkdir(parents=True)
-    for name in ("prepare.py", ".gitignore"):
+    for name in (*FIXED, ".gitignore"):
         shutil.copy(ROOT / name, path / name)
     (path / "train.py").write_text(train_source)
     git(path, "init", "-q", "-b", "main")
@@ -824,8 +825,7 @@ def small_cache(path: Path) -> Path:
 
 def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
     """Run one attack in a fresh repository under workdir; its outcome and every problem found."""
-    from autoresearch import ledger
-    import prepare
+    from autoresearch import checksums, ledger
 
     scratch = workdir / "scratch"
     scratch.mkdir(parents=True)
@@ -856,7 +856,7 @@ def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
             problems.append(f"recorded without the reason {a.reason!r}: {rows[-1].description[:300]}")
         if expected[0] in ("refused", "crash") and not a.first_kept and git(ctx.repo, "rev-parse", "HEAD") != base:
             problems.append("the branch did not go back to the base commit")
-        if prepare.verify(manifest, own_cache):
+        if checksums.verify(manifest, own_cache):
             problems.append("the prepared data changed")
         if a.check:
             problems += a.check(ctx, rows)

@@ -30,7 +30,7 @@ from pathlib import Path
 from decisions import aa_change
 from research import ROOT, default_source, measure
 
-import prepare  # noqa: E402
+import runtime  # noqa: E402
 from autoresearch import machine, prune  # noqa: E402
 from autoresearch.edit import set_constants  # noqa: E402
 
@@ -42,7 +42,7 @@ def pearson(xs, ys) -> float:
 
 
 def curves(work: Path, seeds) -> list:
-    return [prune.curve((work / f"seed{s}" / "train.log").read_text(), prepare.STEP_RE) for s in seeds]
+    return [prune.curve((work / f"seed{s}" / "train.log").read_text(), runtime.STEP_RE) for s in seeds]
 
 
 def false_prunes(mine: list, others: list, budget: float) -> tuple[int, int]:

@@ -44,6 +44,7 @@ from parallel import ROOT, fresh_repo
 
 from autoresearch import decide, descriptions, ledger, machine  # noqa: E402
 from autoresearch.edit import set_constants  # noqa: E402
+from autoresearch.state import FIXED  # noqa: E402
 
 # (what it breaks, the text of the default it replaces, what it writes instead): each must match exactly once
 PLANTED = [
@@ -78,7 +79,8 @@ def measure(source: str, budget: float, seeds: list[int], work: Path) -> list[fl
     kept as work/seed<N>/train.log."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "train.py").write_text(source)
-    (work / "prepare.py").write_text((ROOT / "prepare.py").read_text())
+    for name in FIXED:
+        (work / name).write_text((ROOT / name).read_text())
     out = []
     for seed in seeds:
         run_dir = work / f"seed{seed}"

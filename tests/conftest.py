@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch import data  # noqa: E402
+from autoresearch.state import FIXED  # noqa: E402  (prepare.py and runtime.py)
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "
          "quickly slowly happily and but then café naïve 東京 über").split()
@@ -133,10 +134,10 @@ def env(small_cache):
 
 @pytest.fixture
 def repo(tmp_path):
-    """A fresh clone-like repository with the real train.py and prepare.py."""
+    """A fresh clone-like repository with the real train.py, prepare.py and runtime.py."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("prepare.py", ".gitignore"):
+    for name in (*FIXED, ".gitignore"):
         shutil.copy(ROOT / name, repo / name)
     (repo / "train.py").write_text(eager_train_source())
     sh(repo, "git", "init", "-q", "-b", "main")

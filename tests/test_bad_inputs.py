@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 import prepare
+import runtime
 from autoresearch import data, fixed, ledger, run, sandbox, sources, supervise
-from conftest import STALL_ROOM, cli, make_corpus
+from conftest import ROOT, STALL_ROOM, cli, make_corpus
 from test_harness import rows
 
 # --- budgets and manifests ------------------------------------------------------------------------
@@ -34,7 +35,7 @@ def test_a_budget_with_many_digits_is_stored_and_compared_exactly(monkeypatch, t
 @pytest.mark.parametrize("content, message", [
     ('{"version": 2, "profile": "cpu"', "damaged (no valid JSON)"),
     ('{"version": 2, "profile": "cpu"}', "damaged (no dataset, vocab_size"),
-    (json.dumps({k: 1 for k in prepare.MANIFEST_KEYS}), "another version of prepare.py"),
+    (json.dumps({k: 1 for k in runtime.MANIFEST_KEYS}), "another version of prepare.py"),
 ])
 def test_a_damaged_or_outdated_manifest_names_the_repair(tmp_path, monkeypatch, content, message):
     (tmp_path / "manifest.json").write_text(content)
@@ -65,13 +66,13 @@ def prepared_copy(small_cache, tmp_path, monkeypatch):
     (dict(dataset="climbmix", num_shards=0), "--num-shards must be at least 1"),
 ])
 def test_bad_prepare_options_keep_the_data(prepared_copy, tmp_path, options, message):
-    before = prepare.fingerprint()
+    before = fixed.fingerprint(ROOT)
     settings = dict(profile="cpu", dataset="local", path=str(tmp_path), vocab_size=300, max_seq_len=32,
                     eval_tokens=512, force=True, log=lambda *a: None)
     settings.update(options)
     with pytest.raises(prepare.PrepareError, match=message):
         data.prepare(**settings)
-    assert prepare.fingerprint() == before
+    assert fixed.fingerprint(ROOT) == before
 
 # --- local data -----------------------------------------------------------------------------------------
 
@@ -354,26 +355,26 @@ def test_bad_worker_settings_are_clear_errors_before_anything_starts(repo, env):
     assert ledger.read(repo / "results.tsv") == []
 
 
-def test_a_prepare_py_older_than_the_harness_is_a_clear_error_before_anything_runs(monkeypatch):
-    """An experiment branch from before train.py's runtime moved into prepare.py, under a newer harness."""
+def test_a_runtime_py_older_than_the_harness_is_a_clear_error_before_anything_runs(monkeypatch):
+    """A runtime.py that lacks what the harness reads of it (the step line, FAST_FAIL, ...): a clear error."""
     import types
 
     from autoresearch.errors import HarnessError
-    old = types.ModuleType("prepare")
-    old.__file__ = "/somewhere/prepare.py"
-    monkeypatch.setattr(fixed, "contract", lambda: old)
-    with pytest.raises(HarnessError, match="prepare.py has no STEP_RE, FAST_FAIL.*older than this harness.*new tag"):
+    old = types.ModuleType("runtime")
+    old.__file__ = "/somewhere/runtime.py"
+    monkeypatch.setattr(fixed, "runtime", lambda: old)
+    with pytest.raises(HarnessError, match="runtime.py has no STEP_RE, FAST_FAIL.*older than this harness.*new tag"):
         fixed.check_contract()
     from autoresearch import facts
     assert facts.parse_log("step=     1 | loss=5.0 | tok/s=1 | mfu=1.0% | elapsed=0s | epoch=1") == {"curve": []}
 
 
 def test_a_malformed_seed_by_hand_is_a_clear_error(monkeypatch):
-    import prepare
+    import runtime
     monkeypatch.setenv("AUTORESEARCH_SEED", "x")
-    with pytest.raises(prepare.PrepareError, match="AUTORESEARCH_SEED='x' is not a whole number"):
-        prepare.run_seed()
+    with pytest.raises(runtime.PrepareError, match="AUTORESEARCH_SEED='x' is not a whole number"):
+        runtime.run_seed()
     monkeypatch.setenv("AUTORESEARCH_SEED", "7")
-    assert prepare.run_seed() == 7
+    assert runtime.run_seed() == 7
     monkeypatch.delenv("AUTORESEARCH_SEED")
-    assert prepare.run_seed() == 42
+    assert runtime.run_seed() == 42

@@ -73,10 +73,10 @@ def test_sigkill_in_the_middle_of_a_confirmation_series_resumes_with_no_run_lost
 def test_the_cpu_clock_counts_only_the_compute_a_process_received(monkeypatch):
     import time
 
-    import prepare
+    import runtime
     monkeypatch.setenv("AUTORESEARCH_BUDGET_CLOCK", "cpu")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    clock = prepare.budget_clock()
+    clock = runtime.budget_clock()
     c0, t0 = clock(), time.perf_counter()
     time.sleep(0.3)  # the machine gives this time to others: it must not count
     assert clock() - c0 < 0.05 and time.perf_counter() - t0 >= 0.3
@@ -86,7 +86,7 @@ def test_the_cpu_clock_counts_only_the_compute_a_process_received(monkeypatch):
         pass
     assert 0.09 < clock() - c0 < 0.15
     monkeypatch.setenv("AUTORESEARCH_BUDGET_CLOCK", "wall")
-    assert prepare.budget_clock() is time.perf_counter
+    assert runtime.budget_clock() is time.perf_counter
 
 
 def test_a_tag_on_the_cpu_clock_records_it_on_every_row(repo, env):

@@ -312,7 +312,8 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
     packages = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
     code = ("import json, sys; from pathlib import Path; from autoresearch import evaluate; "
             "r = evaluate.Request(sys.argv[1], 'float32', 'cpu', 1.0); "
-            "print(json.dumps(evaluate.run_evaluation((Path(sys.argv[2]) / 'prepare.py').read_bytes(), "
+            "print(json.dumps(evaluate.run_evaluation({n: (Path(sys.argv[2]) / n).read_bytes() "
+            "for n in ('prepare.py', 'runtime.py')}, "
             "Path(sys.argv[1]), r, 120)))")
     proc = subprocess.run([str(base), "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=packages), timeout=300)

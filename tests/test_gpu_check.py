@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import ROOT, STALL_ROOM, eager_train_source
+from conftest import FIXED, ROOT, STALL_ROOM, eager_train_source
 
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
@@ -23,7 +23,8 @@ def test_gpu_check_runs_offline_from_a_bundle_and_reports_every_figure(small_cac
     repo = tmp_path / "repo"  # the shipped train.py, eager: a cold compile would be the whole 3 s (tested in
     repo.mkdir()              # test_harness)
     (repo / "train.py").write_text(eager_train_source())
-    shutil.copy(ROOT / "prepare.py", repo / "prepare.py")
+    for name in FIXED:
+        shutil.copy(ROOT / name, repo / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTORESEARCH_")}
     script = str(ROOT / "benchmarks" / "gpu_check.sh")
     refused = subprocess.run(["bash", script, "run", str(bundle)], env=env, capture_output=True, text=True,

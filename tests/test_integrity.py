@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-import prepare
-from autoresearch import ledger
+from autoresearch import checksums, ledger
 from conftest import ROOT, cli
 from test_harness import head, rows
 
@@ -39,7 +38,7 @@ def run_attack(repo, env, source, sandbox="off", message="attack"):
 
 def data_intact(cache):
     manifest = json.loads((cache / "manifest.json").read_text())
-    return prepare.verify(manifest, cache) == []
+    return checksums.verify(manifest, cache) == []
 
 
 @pytest.fixture

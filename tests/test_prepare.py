@@ -5,6 +5,7 @@ import http.server
 import io
 import json
 import math
+import shutil
 import threading
 from pathlib import Path
 
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 import prepare
-from autoresearch import data, sources
-from conftest import ROOT, make_corpus, prepare_small
+from autoresearch import checksums, data, fixed, sources
+from autoresearch.errors import HarnessError
+from conftest import FIXED, ROOT, make_corpus, prepare_small
 
 # --- cleaning -------------------------------------------------------------
 
@@ -124,7 +126,6 @@ def test_packing_is_deterministic_and_infinite(use_cache):
 
 
 def test_no_training_shards_is_an_error_not_a_hang(small_cache, tmp_path, monkeypatch):
-    import shutil
     copy = tmp_path / "cache"
     shutil.copytree(small_cache, copy)
     for f in (copy / "data" / "local").glob("train_*"):
@@ -202,29 +203,34 @@ def test_wrong_logits_shape_is_a_clear_error(use_cache):
 
 
 def test_fingerprint_changes_with_the_fixed_half(small_cache, tmp_path, monkeypatch):
-    import shutil
     copy = tmp_path / "cache"
     shutil.copytree(small_cache, copy)
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(copy))
-    before = prepare.fingerprint()
-    assert prepare.fingerprint() == before
+    before = fixed.fingerprint(ROOT)
+    assert fixed.fingerprint(ROOT) == before
     # the same data prepared again (a new timestamp in the manifest) has the same fingerprint
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["created"] = "2000-01-01T00:00:00Z"
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert prepare.fingerprint() == before
+    assert fixed.fingerprint(ROOT) == before
     # one flipped bit of the validation offsets, same size: caught by the full sha256 check
     offsets = copy / "data" / "local" / "val.offsets.npy"
     original = offsets.read_bytes()
     flipped = bytearray(original)
     flipped[-1] ^= 1
     offsets.write_bytes(bytes(flipped))
-    assert prepare.verify(prepare.load_manifest()) == ["data/local/val.offsets.npy does not match its checksum"]
-    with pytest.raises(prepare.PrepareError, match="prepare.py --force"):
-        prepare.fingerprint()
+    assert checksums.verify(prepare.load_manifest(), copy) == ["data/local/val.offsets.npy does not match its checksum"]
+    with pytest.raises(HarnessError, match="prepare.py --force"):
+        fixed.fingerprint(ROOT)
     offsets.write_bytes(original)
-    assert prepare.fingerprint() == before
-    assert prepare.fingerprint(prepare_path=copy / "manifest.json") != before  # another prepare.py
+    assert fixed.fingerprint(ROOT) == before
+    for edited in FIXED:  # either fixed file edited: another fingerprint
+        other = tmp_path / f"other-{edited}"
+        other.mkdir()
+        for name in FIXED:
+            shutil.copy(ROOT / name, other / name)
+        (other / edited).write_text((ROOT / edited).read_text() + "# edited\n")
+        assert fixed.fingerprint(other) != before
 
 
 def test_prepare_is_idempotent_and_a_failed_prepare_keeps_the_data_before(tmp_path, monkeypatch):
@@ -237,14 +243,14 @@ def test_prepare_is_idempotent_and_a_failed_prepare_keeps_the_data_before(tmp_pa
     # A prepare that fails half-way (here: too few validation tokens for a bigger --eval-tokens) or at its
     # inputs (too little text) keeps the data that was there, byte for byte.
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(cache))
-    before = prepare.fingerprint()
+    before = fixed.fingerprint(ROOT)
     with pytest.raises(prepare.PrepareError, match="too few for eval_tokens=100000.*unchanged"):
         prepare_small(cache, tmp_path / "corpus", eval_tokens=100000)
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "a.txt").write_text("one short line")
     with pytest.raises(prepare.PrepareError, match="at least three"):
         prepare_small(cache, tmp_path / "corpus", path=str(tmp_path / "tiny"), vocab_size=301)
-    assert prepare.fingerprint() == before and not (cache / data.STAGING).exists()
+    assert fixed.fingerprint(ROOT) == before and not (cache / data.STAGING).exists()
 
 
 def test_missing_npm_names_the_alternatives(tmp_path, monkeypatch):
@@ -364,7 +370,7 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     data.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     assert server.requests == [1]
-    assert prepare.verify(prepare.load_manifest()) == []
+    assert checksums.verify(prepare.load_manifest(), prepare.cache_dir()) == []
 
 
 def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_env, tmp_path):

@@ -3,7 +3,7 @@ it is in test_harness (a candidate with every learning rate at zero is pruned, w
 
 import random
 
-import prepare
+import runtime
 from autoresearch import prune
 
 BUDGET = 100.0
@@ -49,9 +49,9 @@ def test_no_verdict_without_noise_to_calibrate_on_or_a_curve_to_compare_with():
 
 
 def test_curves_are_read_from_the_step_lines_and_interpolated():
-    text = "\n".join(prepare.step_line(s, loss, 1000, 1.0, t, 1) for s, loss, t in
+    text = "\n".join(runtime.step_line(s, loss, 1000, 1.0, t, 1) for s, loss, t in
                      [(1, 6.0, 0), (10, 5.0, 10), (20, float("nan"), 15), (30, 4.0, 20)]) + "\nval_bpb=1.0\n"
-    points = prune.curve(text, prepare.STEP_RE)
+    points = prune.curve(text, runtime.STEP_RE)
     assert points == [(0.0, 6.0), (10.0, 5.0), (20.0, 4.0)]
     assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
 
@@ -99,7 +99,7 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
     for i in range(3):  # the champion's logs, where the driver keeps them
         (tmp_path / f"r{i}").mkdir()
         (tmp_path / f"r{i}" / "run.log").write_text("\n".join(
-            prepare.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in run_curve(3.0, rng)))
+            runtime.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in run_curve(3.0, rng)))
     from unittest import mock
     with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path):
         ref = run.pruning(tmp_path, {"budget_s": 100}, rows, "stat", True)

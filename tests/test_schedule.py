@@ -121,7 +121,7 @@ def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
     each a little on its own (0.001): what paired seeds take out, and what they cannot."""
     import os
     from pathlib import Path
-    import prepare
+    import runtime
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
     log = run_dir / state.RUN_LOG
@@ -133,7 +133,7 @@ def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
         return execute.Execution("crash", "exit status 1", None, {}, supervise.Training(1, False, None, 1.0))
     noise = (seed * 7919) % 5 - 2
     for step, elapsed in zip((10, 20, 30), (0, 1, 2)):  # from prune.MIN_STEP on: judged
-        line = prepare.step_line(step, 3 + 1 / (1 + elapsed) + 2 * abs(lr - 0.03) + 0.01 * noise, 1000, 1.0,
+        line = runtime.step_line(step, 3 + 1 / (1 + elapsed) + 2 * abs(lr - 0.03) + 0.01 * noise, 1000, 1.0,
                                  elapsed, 1)
         with open(log, "a") as f:
             f.write(line + "\n")

@@ -4,14 +4,16 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import prepare
+from autoresearch import fixed
 from autoresearch.edit import read_constants
-from conftest import ROOT, STALL_ROOM, eager_train_source
+from conftest import FIXED, ROOT, STALL_ROOM, eager_train_source
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
@@ -24,6 +26,7 @@ def run_train(tmp_path: Path, cache: Path, budget: float, replace: dict | None =
         assert n == 1, pattern
     (work / "train.py").write_text(source)
     (work / "prepare.py").write_text((ROOT / "prepare.py").read_text() + prepare_suffix)
+    shutil.copy(ROOT / "runtime.py", work / "runtime.py")
     env = dict(os.environ, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_TIME_BUDGET=str(budget),
                AUTORESEARCH_RUN_DIR=str(work / "run"))
     proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
@@ -57,7 +60,7 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     # step as long as the stall: the bound is STALL_ROOM, and the harness's own clock has its tests)
     assert budget <= result["training_seconds"] <= budget + STALL_ROOM
     assert result["startup_seconds"] > 0 and result["eval_seconds"] > 0 and 0 < result["mfu_percent"] < 100
-    assert prepare.check_result(result) == [] and "export_error" not in result
+    assert fixed.check_result(result) == [] and "export_error" not in result
     # the model learned: better than uniform guessing over the vocabulary
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
     tok = prepare.Tokenizer.from_directory()
@@ -72,7 +75,7 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     assert "step=     1 | loss=" in proc.stdout
     from autoresearch.evaluate import CHECK_TOLERANCE, Request, run_evaluation
     request = Request(str(run_dir), result["dtype"], "cpu", result["check_bpb"])
-    evaluation = run_evaluation((ROOT / "prepare.py").read_bytes(), small_cache, request, timeout=300)
+    evaluation = run_evaluation({n: (ROOT / n).read_bytes() for n in FIXED}, small_cache, request, timeout=300)
     tolerance = CHECK_TOLERANCE[result["dtype"]]
     assert abs(evaluation["val_bpb"] - result["val_bpb"]) <= tolerance, (evaluation, result["val_bpb"])
     assert abs(evaluation["check_bpb"] - result["check_bpb"]) <= tolerance
@@ -114,7 +117,8 @@ def test_without_a_cpp_compiler_the_shipped_train_py_runs_eager_and_says_why(sma
     work = tmp_path / "work"
     work.mkdir()
     sh.copy(ROOT / "train.py", work / "train.py")
-    sh.copy(ROOT / "prepare.py", work / "prepare.py")
+    for name in FIXED:
+        sh.copy(ROOT / name, work / name)
     bin_dir = tmp_path / "bin"  # a PATH with python and nothing else
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
