@@ -138,10 +138,10 @@ def test_the_gpu_branch_trains_exports_and_is_kept(gpu_cache, tmp_path):
 
     # the run was the gpu profile's, at the test's sizes
     result = json.loads((run_dir / "out" / "result.json").read_text())
-    assert result["profile"] == "gpu" and result["num_steps"] == row.steps and result["device"] == "cpu"
+    assert result["profile"] == "gpu" and result["num_steps"] == row.steps
     assert result["num_params"] < 200_000  # the shipped GPU sizes are ~50M
     log = (run_dir / "run.log").read_text()
-    assert re.search(r"^device=cpu .* grad_accum=2 profile=gpu ", log, re.M), log[:2000]
+    assert re.search(r"^device=\w+ .* grad_accum=2 profile=gpu ", log, re.M), log[:2000]  # cpu here, cuda on a GPU
     assert printed(log, "windows") == str(WINDOWS)
 
     # the model the harness evaluated: three layers attend through the sliding-window mask, the last causally
@@ -156,7 +156,7 @@ def test_the_gpu_branch_trains_exports_and_is_kept(gpu_cache, tmp_path):
 def test_the_parallel_loop_places_each_experiment_on_a_gpu_of_its_own(gpu_cache, tmp_path):
     """A machine whose nvidia-smi names two GPUs: the harness sizes the loop for them (a worker per GPU, each with
     half the cores), starts Ray with 2 GPUs, and Ray gives each worker one (CUDA_VISIBLE_DEVICES, which its runs'
-    trainings inherit). The trainings themselves run on the CPU: torch sees no GPU."""
+    trainings inherit). The trainings themselves run on the CPU: torch sees no GPU here."""
     from test_cluster import ray_processes, wait_for
 
     cores = len(os.sched_getaffinity(0))
