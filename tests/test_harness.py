@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch import ledger, record, recovery
-from conftest import STALL_ROOM, cli, compiled_warm, sh, with_cache_counters
+from conftest import FIXED, STALL_ROOM, cli, compiled_warm, sh, with_cache_counters
 
 def edit_train(repo, pattern, replacement):
     path = repo / "train.py"
@@ -144,9 +144,10 @@ def test_a_hang_is_killed_with_its_grandchildren(repo, env, sandbox, bwrap_or_sk
 
 
 @pytest.mark.slow
-def test_tampered_prepare_is_refused_and_recorded(repo, env):
+@pytest.mark.parametrize("name", FIXED)
+def test_tampered_fixed_file_is_refused_and_recorded(repo, env, name):
     assert cli(repo, "setup", "--tag", "tamper", env=env).returncode == 0
-    with open(repo / "prepare.py", "a") as f:
+    with open(repo / name, "a") as f:
         f.write("\n# better metric\n")
     out = cli(repo, "run", "-m", "sneaky", env=env)
     assert out.returncode == 1 and "only train.py may be edited" in out.stderr
