@@ -367,8 +367,8 @@ def _change_state(repo: Path, args) -> int:
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         return OK
     if args.command == "run":
-        outcomes = run.run_series(repo, args.message, rule=args.decision, seed=args.seed, timeout=args.timeout,
-                                  sandbox_mode=args.sandbox, on_outcome=lambda o: print(run.summary(o), flush=True))
+        options = run.Options(rule=args.decision, sandbox_mode=args.sandbox, timeout=args.timeout, seed=args.seed)
+        outcomes = run.run_series(repo, args.message, options, on_outcome=lambda o: print(run.summary(o), flush=True))
         return FAILED if outcomes[-1].row.status in ("crash", "refused") else OK
     from autoresearch import loop
     loop.ensure_data()

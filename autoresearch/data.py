@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,36 +88,55 @@ def tokenize_shard(tokenizer: Tokenizer, parquet: Path, out_prefix: Path, max_se
 # ---------------------------------------------------------------------------
 
 
-def prepare(profile: str | None = None, dataset: str | None = None, path: str | None = None,
-            num_shards: int = 10, download_workers: int = 8, vocab_size: int | None = None,
-            max_seq_len: int | None = None, eval_tokens: int | None = None, force: bool = False,
-            log=print) -> dict:
-    profile = profile or default_profile()
-    if profile not in PROFILES:
-        raise PrepareError(f"Unknown profile {profile!r}; choose one of {sorted(PROFILES)}.")
-    settings = dict(PROFILES[profile])
-    if dataset:
-        settings["dataset"] = dataset
-    for key, value in (("vocab_size", vocab_size), ("max_seq_len", max_seq_len), ("eval_tokens", eval_tokens)):
-        if value is not None:
-            settings[key] = value
-    dataset = settings["dataset"]
-    if dataset == "local" and not path:
-        raise PrepareError("`--dataset local` needs `--path DIR_OR_FILE` (.txt, .jsonl or .parquet files).")
-    if dataset not in ("gutenberg", "climbmix", "local"):
-        raise PrepareError(f"Unknown dataset {dataset!r}; choose gutenberg, climbmix or local.")
-    # Every input is checked before anything on disk is touched: a bad option keeps the data that was there.
-    if settings["vocab_size"] - len(SPECIAL_TOKENS) < 256:
-        raise PrepareError(f"--vocab-size {settings['vocab_size']} is too small: it needs 256 byte tokens plus "
-                           f"{len(SPECIAL_TOKENS)} special tokens, so at least {256 + len(SPECIAL_TOKENS)}.")
-    if settings["max_seq_len"] < 2 or settings["eval_tokens"] < settings["max_seq_len"]:
-        raise PrepareError("--max-seq-len must be at least 2 and --eval-tokens at least one sequence "
-                           f"(got {settings['max_seq_len']} and {settings['eval_tokens']}).")
-    if dataset == "local":
-        local_files(Path(path))
-    if dataset == "climbmix" and num_shards < 1:
-        raise PrepareError("--num-shards must be at least 1 (training shards).")
+@dataclass
+class Wanted:
+    """What to prepare: a profile (gpu with CUDA, else cpu) and its settings, each of which may be overridden,
+    and where the text comes from (a dataset; a path for local; shards and parallel downloads for climbmix)."""
+    profile: str | None = None
+    dataset: str | None = None
+    path: str | None = None
+    num_shards: int = 10
+    download_workers: int = 8
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
+    eval_tokens: int | None = None
 
+    def settings(self) -> dict:
+        """The profile's settings with the overrides, every input checked before anything on disk is touched
+        (a bad option keeps the data that was there)."""
+        self.profile = self.profile or default_profile()
+        if self.profile not in PROFILES:
+            raise PrepareError(f"Unknown profile {self.profile!r}; choose one of {sorted(PROFILES)}.")
+        settings = dict(PROFILES[self.profile])
+        if self.dataset:
+            settings["dataset"] = self.dataset
+        for key in ("vocab_size", "max_seq_len", "eval_tokens"):
+            if getattr(self, key) is not None:
+                settings[key] = getattr(self, key)
+        dataset = settings["dataset"]
+        if dataset == "local" and not self.path:
+            raise PrepareError("`--dataset local` needs `--path DIR_OR_FILE` (.txt, .jsonl or .parquet files).")
+        if dataset not in ("gutenberg", "climbmix", "local"):
+            raise PrepareError(f"Unknown dataset {dataset!r}; choose gutenberg, climbmix or local.")
+        if settings["vocab_size"] - len(SPECIAL_TOKENS) < 256:
+            raise PrepareError(f"--vocab-size {settings['vocab_size']} is too small: it needs 256 byte tokens plus "
+                               f"{len(SPECIAL_TOKENS)} special tokens, so at least {256 + len(SPECIAL_TOKENS)}.")
+        if settings["max_seq_len"] < 2 or settings["eval_tokens"] < settings["max_seq_len"]:
+            raise PrepareError("--max-seq-len must be at least 2 and --eval-tokens at least one sequence "
+                               f"(got {settings['max_seq_len']} and {settings['eval_tokens']}).")
+        if dataset == "local":
+            local_files(Path(self.path))
+        if dataset == "climbmix" and self.num_shards < 1:
+            raise PrepareError("--num-shards must be at least 1 (training shards).")
+        return settings
+
+
+def prepare(force: bool = False, log=print, **wanted) -> dict:
+    """Prepare the data `wanted` describes (Wanted's fields, by name) into the cache, unless it is there already
+    and intact (force: prepare again anyway). Returns the manifest."""
+    want = Wanted(**wanted)
+    settings = want.settings()
+    profile, dataset, path = want.profile, settings["dataset"], want.path
     root = cache_dir()
     sandbox.record_cache(root)  # wherever it lives, every agent's sandbox hides it
     try:
@@ -153,7 +173,7 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
     shutil.rmtree(staging, ignore_errors=True)
     t0 = time.time()
     try:
-        manifest = _build(staging, settings, wanted, path, num_shards, download_workers, known, root, log)
+        manifest = _build(staging, want, dict(settings, profile=profile), known, root, log)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -177,8 +197,7 @@ def prepare(profile: str | None = None, dataset: str | None = None, path: str | 
     return manifest
 
 
-def _build(staging: Path, settings: dict, wanted: dict, path, num_shards: int, download_workers: int,
-           known: dict, root: Path, log) -> dict:
+def _build(staging: Path, want: Wanted, settings: dict, known: dict, root: Path, log) -> dict:
     """Source -> shards -> tokenizer -> token files -> manifest, all inside staging."""
     from tqdm import tqdm
 
@@ -188,9 +207,10 @@ def _build(staging: Path, settings: dict, wanted: dict, path, num_shards: int, d
     if dataset == "gutenberg":
         source = prepare_gutenberg(data_dir, root / "downloads", log)
     elif dataset == "climbmix":
-        source = prepare_climbmix(data_dir, root / "downloads" / "climbmix", num_shards, download_workers, known, log)
+        source = prepare_climbmix(data_dir, root / "downloads" / "climbmix", want.num_shards,
+                                  want.download_workers, known, log)
     else:
-        source = prepare_local(data_dir, Path(path), log)
+        source = prepare_local(data_dir, Path(want.path), log)
 
     train_files = sorted(data_dir.glob("train_*.parquet"))
     log(f"training a {settings['vocab_size']}-token BPE tokenizer ...")
@@ -225,7 +245,7 @@ def _build(staging: Path, settings: dict, wanted: dict, path, num_shards: int, d
             files[str(f.relative_to(staging))] = {"sha256": sha256_file(f), "bytes": f.stat().st_size}
     files["tokenizer.json"] = {"sha256": sha256_file(staging / "tokenizer.json"),
                                "bytes": (staging / "tokenizer.json").stat().st_size}
-    manifest = {"version": MANIFEST_VERSION, **wanted, "source": source,
+    manifest = {"version": MANIFEST_VERSION, **settings, "source": source,
                 "data_dir": str(data_dir.relative_to(staging)),
                 "train_tokens": int(sum(np.load(f.with_suffix(".tokens.npy"), mmap_mode="r").shape[0]
                                         for f in (p.with_suffix("") for p in train_files))),
@@ -251,8 +271,9 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="prepare again even if data is ready")
     args = parser.parse_args(argv)
     try:
-        manifest = prepare(args.profile, args.dataset, args.path, args.num_shards, args.download_workers,
-                           args.vocab_size, args.max_seq_len, args.eval_tokens, args.force)
+        manifest = prepare(args.force, profile=args.profile, dataset=args.dataset, path=args.path,
+                           num_shards=args.num_shards, download_workers=args.download_workers,
+                           vocab_size=args.vocab_size, max_seq_len=args.max_seq_len, eval_tokens=args.eval_tokens)
     except PrepareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

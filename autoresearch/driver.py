@@ -209,8 +209,7 @@ class Driver:
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
             self.free.append(name)
             row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),
-                                  state.new_run_id(),
-                                  "refused", worker=name)
+                                  state.new_run_id(), "refused", worker=name)
             ledger.append(self.results, row)
             self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))
             return
@@ -246,9 +245,9 @@ class Driver:
         rows = ledger.read(self.results, self.config["tag"])
         ex = execute.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
                                supervise.Training(**res["training"]))
-        row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), job.commit,
-                                job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
-                                worker=res["worker"], host=res["host"], device=res["device"])
+        ran = record.Ran(job.commit, job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
+                         {k: res[k] for k in ("worker", "host", "device")})
+        row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
         run_dir = state.run_dir(self.repo, job.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         if ex.status == "ok":

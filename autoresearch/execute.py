@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,129 +31,194 @@ class Execution:
     training: supervise.Training
 
 
-def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, pending_path: Path,
-            protection: str, fixed_half: fixed.FixedHalf, timeout: float | None = None, on_progress=None,
-            test_threshold: float | None = None, run_no: int = 1, compile_base: Path | None = None,
-            prune=None) -> Execution:
-    """Train repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
-    integrity checks) and evaluate the model it exported. Writes nothing but run_dir and pending; the caller
-    records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own copy.
-    compile_base: the compile cache the run gets a private copy of (compiled.py), None for none. prune: see
-    supervise.run_training (prune.py); a pruned run is checked for integrity like any other, and not evaluated."""
-    clock, threads, budget = config["clock"], tags.threads_per_run(config), config["budget_s"]
+@dataclass(frozen=True)
+class Context:
+    """What every run of a tag executes under: the repository (or a worker's copy of it), the tag's config, the
+    protection its runs get, and the tag's fixed half (fixed.of_tag)."""
+    repo: Path
+    config: dict
+    protection: str
+    fixed_half: fixed.FixedHalf
+
+
+@dataclass
+class Attempt:
+    """One run to execute, and the record a dead harness is recovered from (pending.json, at pending_path)."""
+    run_dir: Path
+    seed: int
+    pending: dict
+    pending_path: Path
+    run_no: int = 1                          # the n-th run of its series (for fault points)
+    timeout: float | None = None             # shorter than the tag's, never longer
+    test_threshold: float | None = None      # val_bpb below which the test split is scored too
+    compile_base: Path | None = None         # the compile cache it gets a private copy of (compiled.py)
+    on_progress: Callable | None = None      # on_progress(elapsed, step_line)
+    prune: Callable | None = None            # supervise.run_training's prune (prune.py)
+
+
+@dataclass
+class Facts:
+    """What the checks of a finished training read."""
+    training: supervise.Training
+    log: str
+    result: dict | None
+    problem: str          # why result.json is unusable, when it is
+    seed: int
+    budget: float
+    timeout: float
+    took: float           # the budget plus the seconds outside it, on the tag's clock
+    allowance: float
+    clock: str
+    protection: str
+
+
+def _over_time(f: Facts) -> bool:
+    return f.took > f.budget + f.allowance
+
+
+def _first_step(f: Facts) -> float:
+    first = f.result.get("compile_seconds")
+    return first if isinstance(first, (int, float)) else 0.0
+
+
+# A training that broke no rule of its own is then checked against these, in order: the first that fails decides
+# the run's outcome (crash or refused) and its reason.
+CHECKS = (
+    ("crash", lambda f: f.training.timed_out, lambda f: f"timeout after {f.timeout:.0f} s, killed"),
+    ("crash", lambda f: fixed.runtime().FAST_FAIL in f.log, lambda f: "FAST_FAIL (loss NaN, infinite or exploding)"),
+    ("crash", lambda f: f.protection == "bwrap" and f.log.startswith("bwrap:"),  # the sandbox failed to start
+     lambda f: (f"the sandbox could not start the training ({f.log.splitlines()[0][:300]}): a path it needs is "
+                f"not mounted in it. The sandbox mounts /usr, /etc, the interpreter's prefixes "
+                f"({', '.join(map(str, sandbox.python_dirs()))}) and PYTHONPATH; put what is missing there, or set "
+                "up a tag with --sandbox off (no enforcement)")),
+    ("crash", lambda f: f.training.code != 0, lambda f: f"exit status {f.training.code}"),
+    ("crash", lambda f: f.result is None, lambda f: f.problem),
+    ("crash", lambda f: f.result.get("export_error"),
+     lambda f: f"the model could not be exported: {f.result['export_error'][:300]}"),
+    ("refused", lambda f: f.training.rewritten,
+     lambda f: (f"{', '.join(f.training.rewritten)} changed after result.json first appeared; prepare.finish "
+                "writes the result and the model once, when training is over")),
+    ("refused", lambda f: f.result["time_budget"] != f.budget,
+     lambda f: f"the run used a {f.result['time_budget']} s budget, not {f.budget} s"),
+    ("refused", lambda f: f.result["seed"] != f.seed or f.result.get("data_seed") not in (None, f.seed),
+     lambda f: (f"the run used seed {f.result['seed']} (data order: {f.result.get('data_seed')}), not the "
+                f"harness's {f.seed}: train.py must seed from AUTORESEARCH_SEED, so that repeats are independent "
+                "samples")),
+    ("crash", lambda f: _over_time(f) and _first_step(f) > f.budget,
+     lambda f: (f"the first step (compilation and warm-up) took {_first_step(f):.0f} s, more than the whole "
+                f"{f.budget:g} s budget: this budget is too short for this train.py. Use a longer budget, or "
+                "USE_COMPILE = False for smoke tests")),
+    ("refused", _over_time,
+     lambda f: (f"the run took {f.took:.0f} s {'of CPU per thread ' if f.clock == 'cpu' else ''}until its process "
+                f"ended, more than the {f.budget:g} s budget plus the {f.allowance:g} s allowance for startup and "
+                "export")),
+)
+
+
+def execute(ctx: Context, attempt: Attempt) -> Execution:
+    """Train ctx.repo's train.py once under the tag's protocol (sandbox, hard timeout, process group, the
+    integrity checks) and evaluate the model it exported. Writes nothing but the run directory and pending; the
+    caller records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own
+    copy. A pruned run is checked for integrity like any other, and not evaluated."""
+    config, run_dir = ctx.config, attempt.run_dir
+    budget, clock = config["budget_s"], config["clock"]
     out = run_dir / sandbox.OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    problem = checked_source(repo, config, run_dir, pending.get("commit"))
+    problem = checked_source(ctx.repo, config, run_dir, attempt.pending.get("commit"))
     if problem:
         return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
-    view = sandbox.make_view(run_dir, fixed_half.cache, fixed_half.manifest, config.get("peak_flops"))
-    if compile_base is not None:
-        compiled.private_copy(compile_base, run_dir)
-        base_before = compiled.state(compile_base) if protection != "bwrap" else None
-    wrap = ((lambda argv: sandbox.wrap(argv, repo, run_dir, fixed_half.cache, fixed_half.manifest)) if protection == "bwrap"
-            else None)
-    watch = guard.Guard(repo, exclude=[run_dir, pending_path])
-    timeout = min(timeout or config.get("timeout_s") or tags.default_timeout(budget, clock),
+    half = ctx.fixed_half
+    view = sandbox.make_view(run_dir, half.cache, half.manifest, config.get("peak_flops"))
+    base_before = None
+    if attempt.compile_base is not None:
+        compiled.private_copy(attempt.compile_base, run_dir)
+        base_before = compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
+    timeout = min(attempt.timeout or config.get("timeout_s") or tags.default_timeout(budget, clock),
                   config.get("timeout_s") or float("inf"))
+    watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
     # Under bubblewrap the evaluator imports torch while train.py starts (evaluate.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    with contextlib.closing(evaluate.Evaluator(fixed_half.sources, fixed_half.cache, out, protection)) as evaluator:
+    with contextlib.closing(evaluate.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator:
+        launch = supervise.Launch(
+            ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=tags.threads_per_run(config),
+            wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
+                  if ctx.protection == "bwrap" else None),
+            spare=(evaluator.proc.pid,) if evaluator.proc else ())
         try:
-            training = supervise.run_training(repo, run_dir, seed, timeout, pending, pending_path, view, wrap,
-                                              on_progress, clock, threads, [evaluator.proc.pid] if evaluator.proc
-                                              else [], prune=prune)
+            training = supervise.run_training(launch, attempt.pending, attempt.pending_path, attempt.on_progress,
+                                              attempt.prune)
         finally:
             shutil.rmtree(run_dir / sandbox.COMPILE_DIR, ignore_errors=True)  # throwaway: no run reads it again
-        log_text = (run_dir / state.RUN_LOG).read_text(errors="replace")
 
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
-        tampered = watch.changes()
-        refusal = crash = None
-        evaluation = {}
-        if training.survivors:  # nothing of the training may run beside its evaluation
-            refusal = (f"{training.survivors} process(es) of the training could not be ended; the evaluation "
-                       "does not start beside them")
-        elif tampered:
-            lost = watch.restore()
-            refusal = ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
-                       (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
-        elif compile_base is not None and base_before is not None and compiled.state(compile_base) != base_before:
-            compiled.discard(fixed_half.cache, compile_base.name)
-            refusal = "the run wrote into the shared compile cache (thrown away; the next run fills a new one)"
-        else:
-            try:
-                fingerprint_after = fixed.fingerprint(repo)
-            except HarnessError as e:
-                fingerprint_after = str(e)
-            if fingerprint_after != config["fingerprint"]:
-                refusal = ("the prepared data, prepare.py or runtime.py changed during the run; every later run is "
-                           "refused until `git checkout prepare.py runtime.py` or `python prepare.py --force` "
-                           "restores it")
-        result = None
-        allowance = config["allowance_s"]
-        took = budget + outside_seconds(config, training)
-        if refusal is None and training.pruned:
+        refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
+        if refusal is not None:
+            return Execution("refused", refusal, None, {}, training)
+        if training.pruned:
             return Execution("pruned", training.pruned, None, {}, training)
-        if refusal is None:
-            result, problem = (None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir)
-            if training.timed_out:
-                crash = f"timeout after {timeout:.0f} s, killed"
-            elif fixed.runtime().FAST_FAIL in log_text:
-                crash = "FAST_FAIL (loss NaN, infinite or exploding)"
-            elif protection == "bwrap" and log_text.startswith("bwrap:"):  # the sandbox itself failed to start
-                crash = (f"the sandbox could not start the training ({log_text.splitlines()[0][:300]}): a path it "
-                         f"needs is not mounted in it. The sandbox mounts /usr, /etc, the interpreter's prefixes "
-                         f"({', '.join(map(str, sandbox.python_dirs()))}) and PYTHONPATH; put what is missing there, "
-                         "or set up a tag with --sandbox off (no enforcement)")
-            elif training.code != 0:
-                crash = f"exit status {training.code}"
-            elif result is None:
-                crash = problem
-            elif result.get("export_error"):
-                crash = f"the model could not be exported: {result['export_error'][:300]}"
-            elif training.rewritten:
-                refusal = (f"{', '.join(training.rewritten)} changed after result.json first appeared; "
-                           "prepare.finish writes the result and the model once, when training is over")
-            elif result["time_budget"] != budget:
-                refusal = f"the run used a {result['time_budget']} s budget, not {budget} s"
-            elif result["seed"] != seed or result.get("data_seed") not in (None, seed):
-                refusal = (f"the run used seed {result['seed']} (data order: {result.get('data_seed')}), not the "
-                           f"harness's {seed}: train.py must seed from AUTORESEARCH_SEED, so that repeats are "
-                           "independent samples")
-            elif took > budget + allowance:
-                first_step = result.get("compile_seconds")
-                if isinstance(first_step, (int, float)) and first_step > budget:
-                    crash = (f"the first step (compilation and warm-up) took {first_step:.0f} s, more than the "
-                             f"whole {budget:g} s budget: this budget is too short for this train.py. Use a longer "
-                             f"budget, or USE_COMPILE = False for smoke tests")
-                else:
-                    refusal = (f"the run took {took:.0f} s {'of CPU per thread ' if clock == 'cpu' else ''}until "
-                               f"its process ended, more than the {budget:g} s budget plus the {allowance:g} s "
-                               "allowance for startup and export")
-        if refusal is None and crash is None:
-            def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
-                pending["processes"].append(processes.identity(pid) or [pid, 0.0])
-                state.atomic_json(pending_path, pending)
-                state.fault_point("evaluating")
-                state.fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
+        result, problem = ((None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir))
+        facts = Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
+                      attempt.seed, budget, timeout, budget + outside_seconds(config, training),
+                      config["allowance_s"], clock, ctx.protection)
+        for outcome, fails, reason in CHECKS:
+            if fails(facts):
+                return Execution(outcome, reason(facts), result, {}, training)
+        return evaluated(ctx, attempt, evaluator, facts)
 
-            request = evaluate.Request(str(out), result["dtype"], result["device"], result["check_bpb"],
-                                       test_threshold if test_threshold is not None else float("inf"),
-                                       draw=heldout.draw(config))
-            evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
-            evaluation["outside_s"] = round(took - budget, 3)
-            evaluation["allowance_s"] = allowance
-            if "refused" in evaluation:
-                refusal = evaluation["refused"]
-            elif "error" in evaluation:
-                crash = evaluation["error"]
-            elif result.get("val_bpb") is not None and abs(result["val_bpb"] - evaluation["val_bpb"]) > \
-                    evaluate.CHECK_TOLERANCE[result["dtype"]]:
-                refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
-                           f"{evaluation['val_bpb']:.6f}")
-            state.atomic_json(run_dir / state.EVALUATION, evaluation)
-        status = "refused" if refusal is not None else "crash" if crash is not None else "ok"
-        return Execution(status, refusal or crash or "", result, evaluation, training)
+
+def integrity(ctx: Context, training: supervise.Training, watch: guard.Guard, compile_base: Path | None,
+              base_before) -> str | None:
+    """Why the run is refused whatever it reports (the harness's state, the shared compile cache or the fixed
+    half changed, or its processes outlived it), or None."""
+    if training.survivors:  # nothing of the training may run beside its evaluation
+        return (f"{training.survivors} process(es) of the training could not be ended; the evaluation does not "
+                "start beside them")
+    tampered = watch.changes()
+    if tampered:
+        lost = watch.restore()
+        return ("the run changed files outside its run directory: " + ", ".join(tampered[:5]) +
+                (" (restored)" if not lost else f" (restored, but not {', '.join(lost[:3])})"))
+    if compile_base is not None and base_before is not None and compiled.state(compile_base) != base_before:
+        compiled.discard(ctx.fixed_half.cache, compile_base.name)
+        return "the run wrote into the shared compile cache (thrown away; the next run fills a new one)"
+    try:
+        fingerprint_after = fixed.fingerprint(ctx.repo)
+    except HarnessError as e:
+        fingerprint_after = str(e)
+    if fingerprint_after != ctx.config["fingerprint"]:
+        return ("the prepared data, prepare.py or runtime.py changed during the run; every later run is refused "
+                "until `git checkout prepare.py runtime.py` or `python prepare.py --force` restores it")
+    return None
+
+
+def evaluated(ctx: Context, attempt: Attempt, evaluator: evaluate.Evaluator, facts: Facts) -> Execution:
+    """The harness's own evaluation of the exported model, whose val_bpb is the one recorded."""
+    result, pending = facts.result, attempt.pending
+
+    def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
+        pending["processes"].append(processes.identity(pid) or [pid, 0.0])
+        state.atomic_json(attempt.pending_path, pending)
+        state.fault_point("evaluating")
+        state.fault_point(f"evaluating-run-{attempt.run_no}")  # the n-th run of a series
+
+    threshold = attempt.test_threshold
+    request = evaluate.Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
+                               result["check_bpb"], threshold if threshold is not None else float("inf"),
+                               draw=heldout.draw(ctx.config))
+    evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
+    evaluation["outside_s"] = round(facts.took - facts.budget, 3)
+    evaluation["allowance_s"] = facts.allowance
+    status, reason = "ok", ""
+    if "refused" in evaluation:
+        status, reason = "refused", evaluation["refused"]
+    elif "error" in evaluation:
+        status, reason = "crash", evaluation["error"]
+    elif result.get("val_bpb") is not None and \
+            abs(result["val_bpb"] - evaluation["val_bpb"]) > evaluate.CHECK_TOLERANCE[result["dtype"]]:
+        status, reason = "refused", (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
+                                     f"{evaluation['val_bpb']:.6f}")
+    state.atomic_json(attempt.run_dir / state.EVALUATION, evaluation)
+    return Execution(status, reason, result, evaluation, facts.training)
 
 
 def checked_source(repo: Path, config: dict, run_dir: Path, commit: str | None) -> str | None:

@@ -139,8 +139,8 @@ def main(repo: Path, args, log=print) -> int:
         try:
             while True:
                 try:
-                    outcome = run.run_once(repo, description, rule=args.decision, on_progress=progress, log=log,
-                                           sandbox_mode=args.sandbox, give_up=give_up)
+                    outcome = run.run_once(repo, description, run.Options(
+                        rule=args.decision, sandbox_mode=args.sandbox, on_progress=progress, log=log, give_up=give_up))
                     break
                 except MachineBusy as e:  # AUTORESEARCH_LOAD_WAIT ran out: a busy machine delays the night
                     if give_up():

@@ -10,27 +10,53 @@ from __future__ import annotations
 
 import os
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
 
 from autoresearch import decide, descriptions, evaluate, execute, fixed, ledger, sandbox, state, supervise
 
 
-def make_row(tag_config, commit, description, run_id, status, val_bpb=0.0, memory_gb=0.0, steps=0, wall=0.0, seed=0,
-         protection="none", **stats):
-    return ledger.Row(commit=commit[:7], val_bpb=val_bpb, memory_gb=memory_gb, status=status,
-                      description=description, tag=tag_config["tag"], run_id=run_id, time=state.now(),
-                      budget_s=tag_config["budget_s"], steps=steps, wall_s=wall,
-                      fingerprint=tag_config["fingerprint"][:12], seed=seed, protection=protection,
-                      clock=tag_config.get("clock", "wall"), **stats)
+@dataclass
+class Ran:
+    """What a row says of a run whatever came of it: its commit, description and id, the seed it ran with, what
+    protected it, its configuration (train.py's blob) and which repeat of it, and where it ran."""
+    commit: str
+    description: str
+    run_id: str
+    seed: int = 0
+    protection: str = "none"
+    config: str = ""
+    repeat: int = 1
+    where: dict = field(default_factory=dict)  # worker, host, device
+
+    def row(self, tag_config: dict, status: str, description: str | None = None, **fields) -> ledger.Row:
+        """Its ledger row with `status` (and another description, a note added), the rest of the row's fields
+        given by name (val_bpb, steps, wall, the decision's statistics, ...)."""
+        return make_row(tag_config, self.commit, self.description if description is None else description,
+                        self.run_id, status, **dict(self.where, seed=self.seed, protection=self.protection,
+                                                    config=self.config, repeat=self.repeat, **fields))
+
+
+def make_row(tag_config: dict, commit: str, description: str, run_id: str, status: str, **fields) -> ledger.Row:
+    """A ledger row of the tag: fields by name as ledger.Row has them, but `wall` for wall_s."""
+    fields.setdefault("val_bpb", 0.0)
+    fields.setdefault("memory_gb", 0.0)
+    fields.setdefault("steps", 0)
+    fields.setdefault("seed", 0)
+    return ledger.Row(commit=commit[:7], status=status, description=description, tag=tag_config["tag"],
+                      run_id=run_id, time=state.now(), budget_s=tag_config["budget_s"],
+                      wall_s=fields.pop("wall", 0.0), fingerprint=tag_config["fingerprint"][:12],
+                      clock=tag_config.get("clock", "wall"), **fields)
 
 
 def interrupted_row(config: dict, job: dict, reason: str) -> ledger.Row:
     """The row of a run whose harness, driver or worker died before it was recorded."""
-    return make_row(config, job.get("commit") or job["parent"], descriptions.noted(job["description"], descriptions.INTERRUPTED, reason),
-                    job["run_id"], "crash", seed=job.get("seed", 0), protection=job.get("protection", "none"),
-                    config=job.get("config", ""), repeat=job.get("repeat", 1), decision="interrupted",
-                    worker=job.get("worker", ""), host=job.get("host", ""), device=job.get("device", ""))
+    ran = Ran(job.get("commit") or job["parent"], job["description"], job["run_id"], job.get("seed", 0),
+              job.get("protection", "none"), job.get("config", ""), job.get("repeat", 1),
+              {k: job.get(k, "") for k in ("worker", "host", "device")})
+    return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.INTERRUPTED, reason),
+                   decision="interrupted")
 
 
 def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | None:
@@ -44,10 +70,12 @@ def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | N
     return best_row.val_bpb if best_row else None
 
 
-def judge(rows, rule, series, champ_row, config_id, seed, val_bpb, best_before,
-          cold: bool = False) -> tuple[str, dict]:
-    """The status of a finished run (configuration config_id, seed, val_bpb) and the statistics its row carries
-    (decide.py)."""
+def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: tuple[str, int, float],
+          best_before: float | None, cold: bool = False) -> tuple[str, dict]:
+    """The status of a finished run, run = (its configuration, seed, val_bpb), and the statistics its row carries
+    (decide.py). best_before: the best single run's val_bpb before it (the naive rule's bar)."""
+    config_id, seed, val_bpb = run
+    champ_row = decide.champion(rows)
     values = decide.samples(rows)
     values[config_id] = values.get(config_id, []) + [val_bpb]
     mine = values[config_id]
@@ -67,33 +95,30 @@ def judge(rows, rule, series, champ_row, config_id, seed, val_bpb, best_before,
 
 
 def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
-               commit: str, description: str, run_id: str, seed: int, protection: str, config_id: str,
-               repeat: int, **where) -> ledger.Row:
+               ran: Ran) -> ledger.Row:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
-    common = dict(seed=seed, protection=protection, config=config_id, repeat=repeat, load=ex.training.load,
-                  wall=ex.training.wall, outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None,
-                  **where)
+    common = dict(load=ex.training.load, wall=ex.training.wall,
+                  outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
     if ex.status == "refused":
-        return make_row(config, commit, descriptions.noted(description, descriptions.REFUSED, ex.reason), run_id, "refused", **common)
+        return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
+                       **common)
     if ex.status == "pruned":
-        return make_row(config, commit, description, run_id, "pruned", decision=ex.reason, **common)
+        return ran.row(config, "pruned", decision=ex.reason, **common)
     if ex.status == "crash":
-        return make_row(config, commit, descriptions.noted(description, descriptions.CRASH, ex.reason), run_id, "crash", decision=(
-            "crashed during its confirmation: discarded" if series is not None and series.kind == "candidate"
-            else ""), **common)
-    champ_row = decide.champion(rows)
+        return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.CRASH, ex.reason),
+                       decision=("crashed during its confirmation: discarded"
+                                 if series is not None and series.kind == "candidate" else ""), **common)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     val_bpb = ex.evaluation["val_bpb"]
     cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config["budget_s"])  # a new shape's first run
-    status, stats = judge(rows, rule, series, champ_row, config_id, seed, val_bpb,
-                          best_row.val_bpb if best_row else None, cold)
+    status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None,
+                          cold)
     test_bpb = ex.evaluation.get("test_bpb")
-    flags = [decide.identical_flag(rows, config_id, val_bpb, seed)]
+    flags = [decide.identical_flag(rows, ran.config, val_bpb, ran.seed)]
     if status == "keep":
         flags.append(decide.test_gap_flag(rows, val_bpb, test_bpb, decide.pooled_noise(decide.samples(rows))))
-    return make_row(config, commit, description, run_id, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],
-                steps=ex.result["num_steps"], test_bpb=test_bpb, flags="; ".join(f for f in flags if f), **stats,
-                **common)
+    return ran.row(config, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"], steps=ex.result["num_steps"],
+                   test_bpb=test_bpb, flags="; ".join(f for f in flags if f), **stats, **common)
 
 
 def publish_log(repo: Path, log_path: Path) -> None:

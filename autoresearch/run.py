@@ -10,6 +10,7 @@ ledger alone, so a kill between any two runs loses nothing (recovery.py finishes
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -31,52 +32,53 @@ class Outcome:
     evaluation: dict
 
 
-def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, timeout: float | None = None,
-             on_progress=None, log=print, sandbox_mode: str | None = None, rule: str | None = None,
-             give_up=None) -> Outcome:
+@dataclass
+class Options:
+    """How a run is run. rule, sandbox_mode and timeout default to the tag's (None); weaker ones are refused."""
+    rule: str | None = None
+    sandbox_mode: str | None = None
+    timeout: float | None = None
+    seed: int = schedule.FIRST_SEED     # the first seed of a new configuration's runs
+    on_progress: Callable | None = None  # on_progress(elapsed, step_line) while it trains
+    log: Callable = print
+    give_up: Callable | None = None      # give_up() -> True: stop waiting for a quiet machine
+
+
+def run_once(repo: Path, description: str, options: Options = Options()) -> Outcome:
     """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
-    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it. sandbox_mode,
-    rule and timeout default to the tag's; weaker ones than the tag's are refused."""
+    repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
+    log = options.log
     description = descriptions.clean(description)
     config = tags.load_tag(repo)
     fixed.check_contract()
     recovery.recover(repo, log)
     try:
-        protection = sandbox.protection(sandbox_mode or tags.sandbox_mode_of(config))
+        protection = sandbox.protection(options.sandbox_mode or tags.sandbox_mode_of(config))
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
-    rule = rule or config.get("decision") or "stat"
+    rule = options.rule or config.get("decision") or "stat"
     results = state.results(repo)
     rows = ledger.read(results, config["tag"])
     series = schedule.next_run(rows, [], rule, True, "").series  # None: this run is a new candidate
     if series is not None:
-        if EDITABLE in git.changed_files(repo):
-            raise HarnessError(
-                f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
-                f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
-                f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
-                f"resume && git stash pop`.")
-        if git.head(repo)[:7] != series.commit[:7]:
-            git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
-        description = descriptions.repeated(series.description, series.runs + 1)
-        log(f"{series.kind} {series.commit}: run {series.runs + 1}")
+        description = resume(repo, series, log)
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
     best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
     # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
-    seed = schedule.seed(rows, planned, [], rule, seed)
-    where = dict(host=socket.gethostname(), device=tags.device_label(config))
+    seed = schedule.seed(rows, planned, [], rule, options.seed)
+    ran = record.Ran(git.head(repo), description, run_id, seed, protection,
+                     where=dict(host=socket.gethostname(), device=tags.device_label(config)))
 
     def refuse(reason: str) -> NoReturn:
-        ledger.append(results, record.make_row(config, git.head(repo), descriptions.noted(description, descriptions.REFUSED, reason),
-                                               run_id,
-                                               "refused", seed=seed, protection=protection, **where))
+        ledger.append(results, ran.row(config, "refused", descriptions.noted(description, descriptions.REFUSED,
+                                                                              reason)))
         raise Refused(f"Refused: {reason}")
 
     changed = git.changed_files(repo)
-    problem = admission(repo, config, protection, rule, timeout, changed)
+    problem = admission(repo, config, protection, rule, options.timeout, changed)
     if problem:
         refuse(problem)
     fixed_half = fixed.of_tag(repo, config)
@@ -85,39 +87,30 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     except compiled.Tampered as e:
         refuse(str(e))
     if config["clock"] == "wall":  # a competing process would be measured, not train.py (machine_load.py)
-        waiting = state.waiting_file(repo)
-        try:
-            machine_load.wait_until_quiet(
-                log, on_wait=lambda text: state.atomic_json(waiting, {"since": state.now(), "text": text}),
-                give_up=give_up)
-        except machine_load.Busy as e:
-            raise MachineBusy(str(e)) from None
-        finally:
-            waiting.unlink(missing_ok=True)
+        wait_until_quiet(repo, log, options.give_up)
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
     pending_path = state.pending_file(repo)
-    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": git.head(repo),
+    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": ran.commit,
                "description": description, "seed": seed, "started": state.now(), "protection": protection,
                "processes": []}
     state.atomic_json(pending_path, pending)
     state.fault_point("pending-written")
     run_dir.mkdir(parents=True)
-    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
+    ran.commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
     state.fault_point("committed")
-    config_id = tags.config_of(repo, commit)
-    repeat = schedule.repeat_number(rows, config_id, [])
-    pending.update(commit=commit, config=config_id, repeat=repeat)
+    ran.config = tags.config_of(repo, ran.commit)
+    ran.repeat = schedule.repeat_number(rows, ran.config, [])
+    pending.update(commit=ran.commit, config=ran.config, repeat=ran.repeat)
     state.atomic_json(pending_path, pending)
 
-    ex = execute.execute(repo, config, run_dir, seed, pending, pending_path, protection, fixed_half, timeout=timeout,
-                         on_progress=on_progress, test_threshold=record.test_threshold(rows, config, rule),
-                         run_no=series.runs + 1 if series else 1, compile_base=base,
-                         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None))
+    ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
+        run_dir, seed, pending, pending_path, run_no=series.runs + 1 if series else 1, timeout=options.timeout,
+        test_threshold=record.test_threshold(rows, config, rule), compile_base=base, on_progress=options.on_progress,
+        prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None)))
     if base is not None:
         record.append_line(run_dir / state.RUN_LOG, compiled.note(base))
-    row = record.result_row(config, ex, rows, rule, series, commit, description, run_id, seed, protection,
-                            config_id, repeat, **where)
+    row = record.result_row(config, ex, rows, rule, series, ran)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
         git.reset_to(repo, tags.last_kept_commit(repo, config, rows), EDITABLE)
@@ -128,6 +121,35 @@ def run_once(repo: Path, description: str, seed: int = schedule.FIRST_SEED, time
     return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)
+
+
+def resume(repo: Path, series: decide.Series, log) -> str:
+    """The open series' commit checked out for its next run (a harness killed during the last left it open), and
+    that run's description."""
+    if EDITABLE in git.changed_files(repo):
+        raise HarnessError(
+            f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
+            f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
+            f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
+            f"resume && git stash pop`.")
+    if git.head(repo)[:7] != series.commit[:7]:
+        git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
+    log(f"{series.kind} {series.commit}: run {series.runs + 1}")
+    return descriptions.repeated(series.description, series.runs + 1)
+
+
+def wait_until_quiet(repo: Path, log, give_up) -> None:
+    """Wait for a machine quiet enough to measure train.py, not a competing process (machine_load.py); `status`
+    and the dashboard show the wait (state.waiting_file)."""
+    waiting = state.waiting_file(repo)
+    try:
+        machine_load.wait_until_quiet(
+            log, on_wait=lambda text: state.atomic_json(waiting, {"since": state.now(), "text": text}),
+            give_up=give_up)
+    except machine_load.Busy as e:
+        raise MachineBusy(str(e)) from None
+    finally:
+        waiting.unlink(missing_ok=True)
 
 
 def admission(repo: Path, config: dict, protection: str, rule: str, timeout: float | None,
@@ -179,17 +201,16 @@ def pruning(repo: Path, config: dict, rows, rule: str, first_run: bool) -> prune
                            fixed.runtime().STEP_RE)
 
 
-def run_series(repo: Path, description: str, rule: str | None = None, seed: int = schedule.FIRST_SEED,
-               on_outcome=None, **kw) -> list[Outcome]:
+def run_series(repo: Path, description: str, options: Options = Options(), on_outcome=None) -> list[Outcome]:
     """One experiment under the decision rule (the tag's by default): its first run, then (stat) the repeats its
     series needs, each recorded as it ends. An open series left by a killed harness is finished first (see
     run_once)."""
-    if rule is not None and rule not in decide.RULES:
-        raise HarnessError(f"--decision {rule!r}: use stat (repeats until the rule is sure, the default) or naive "
+    if options.rule is not None and options.rule not in decide.RULES:
+        raise HarnessError(f"--decision {options.rule!r}: use stat (repeats until the rule is sure, the default) or naive "
                            "(one run, kept when below the best single run: the public project's rule).")
     outcomes = []
     while True:
-        outcome = run_once(repo, description, seed=seed, rule=rule, **kw)
+        outcome = run_once(repo, description, options)
         outcomes.append(outcome)
         if on_outcome:
             on_outcome(outcome)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,32 +113,49 @@ class CappedLog:
         self.pipe.close()
 
 
-def run_training(repo: Path, run_dir: Path, seed: int, timeout: float, pending: dict, pending_path: Path,
-          view: Path, wrap=None, on_progress=None, clock: str = "wall", threads: int = 1, spare=(),
-          prune=None) -> Training:
-    """Run train.py in its own process group (inside `wrap`, the sandbox, if given), its output to
+@dataclass
+class Launch:
+    """How one training starts: train.py in `repo` with the run's seed, directory and data view, inside `wrap`
+    (the sandbox's argv wrapper, sandbox.wrap) if given, on the tag's clock and threads, killed after timeout s."""
+    repo: Path
+    run_dir: Path
+    seed: int
+    timeout: float
+    view: Path
+    wrap: Callable[[list[str]], list[str]] | None = None
+    clock: str = "wall"
+    threads: int = 1
+    spare: tuple = ()  # pids whose trees are not the training's: an evaluator started early, in its own sandbox
+
+    def environment(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
+        env.update(AUTORESEARCH_RUN_DIR=str(self.run_dir / sandbox.OUT_DIR), AUTORESEARCH_CACHE=str(self.view),
+                   PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
+        env[fixed.runtime().SEED_ENV] = str(self.seed)
+        if "AUTORESEARCH_TIME_BUDGET" in os.environ:
+            env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
+        env.update(machine_load.clock_env(self.clock, self.threads))
+        if (self.run_dir / sandbox.COMPILE_DIR).is_dir():
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(self.run_dir / sandbox.COMPILE_DIR)
+        if self.wrap is not None:
+            env["TMPDIR"] = "/tmp"
+        return env
+
+
+def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=None, prune=None) -> Training:
+    """Run train.py in its own process group (inside launch.wrap, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those. Every descendant of this process but the
-    `spare` subtrees (an evaluator started early, in its own sandbox) is the training's: it returns once all of
-    them have ended, so that nothing of it runs beside the evaluation. prune(elapsed, step_line) -> a reason to
-    stop the training now (prune.py), or None."""
+    launch.spare subtrees is the training's: it returns once all of them have ended, so that nothing of it runs
+    beside the evaluation. prune(elapsed, step_line) -> a reason to stop the training now (prune.py), or None."""
+    run_dir, spare, timeout, wrap = launch.run_dir, launch.spare, launch.timeout, launch.wrap
     out = run_dir / sandbox.OUT_DIR
     contract = fixed.contract()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
-    env.update(AUTORESEARCH_RUN_DIR=str(out), AUTORESEARCH_CACHE=str(view),
-               PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
-    env[fixed.runtime().SEED_ENV] = str(seed)
-    if "AUTORESEARCH_TIME_BUDGET" in os.environ:
-        env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
-    env.update(machine_load.clock_env(clock, threads))
-    if (run_dir / sandbox.COMPILE_DIR).is_dir():
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / sandbox.COMPILE_DIR)
-    if wrap is not None:
-        env["TMPDIR"] = "/tmp"
     argv = [sys.executable, state.EDITABLE]
     processes.become_subreaper()  # orphans of the training become our children: still in the tree we kill
     log = CappedLog(run_dir / state.RUN_LOG)  # created before the training exists
-    proc = subprocess.Popen(processes.tied_to_parent(wrap(argv) if wrap else argv), cwd=repo, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(processes.tied_to_parent(wrap(argv) if wrap else argv), cwd=launch.repo,
+                            env=launch.environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.start(proc.stdout)
     known = [processes.identity(proc.pid) or [proc.pid, 0.0]]

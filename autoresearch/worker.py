@@ -170,10 +170,10 @@ class Worker:
                             training=asdict(supervise.Training(None, False, None, 0.0)), log="",
                             run_dir=str(run_dir), started=time.time())
         started = time.time()
-        ex = execute.execute(self.copy, self.config, run_dir, job["seed"], pending, pending_path, self.protection,
-                         self.fixed, test_threshold=job.get("test_threshold"), run_no=job.get("run_no", 1),
-                         compile_base=base,
-                         prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None)
+        ex = execute.execute(execute.Context(self.copy, self.config, self.protection, self.fixed), execute.Attempt(
+            run_dir, job["seed"], pending, pending_path, run_no=job.get("run_no", 1),
+            test_threshold=job.get("test_threshold"), compile_base=base,
+            prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None))
         threshold = job.get("test_threshold")
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir

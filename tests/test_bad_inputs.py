@@ -291,7 +291,7 @@ def test_a_train_py_that_prints_gigabytes_gets_a_capped_log(repo, env, monkeypat
     monkeypatch.chdir(repo)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    outcome = run.run_once(repo, "loud", sandbox_mode="off", log=lambda *a: None)
+    outcome = run.run_once(repo, "loud", run.Options(sandbox_mode="off", log=lambda *a: None))
     log = (outcome.run_dir / "run.log").read_bytes()
     assert outcome.row.status == "crash" and "exit status 3" in outcome.row.description
     assert len(log) < 3 * (64 << 10) and log.startswith(b"FIRST LINE") and log.rstrip().endswith(b"LAST LINE")

@@ -35,8 +35,8 @@ def add_runs(repo, config, specs):
             commit = git.commit_with(repo, base, "train.py", source.replace("DEPTH = ", f"{change}\nDEPTH = ", 1),
                                      description)
         run_id = f"20261130-0000{i:02d}-{i:06x}"
-        row = record.make_row(config, commit, description, run_id, status, value, 0.4 if value else 0.0, 40 if value else 0,
-                       8.0, 42 + i, config=git.git(repo, "rev-parse", f"{commit}:train.py")[:12],
+        row = record.make_row(config, commit, description, run_id, status, val_bpb=value,
+                       memory_gb=0.4 if value else 0.0, steps=40 if value else 0, wall=8.0, seed=42 + i, config=git.git(repo, "rev-parse", f"{commit}:train.py")[:12],
                        mean=value or None, n=1 if value else 0, decision="baseline 1/3" if i == 0 else "",
                        worker="w1", device="cpu x1")
         ledger.append(repo / "results.tsv", row)

@@ -25,7 +25,7 @@ def noisy_champion(repo, tag, values):
     blob = sh(repo, "git", "rev-parse", "HEAD:train.py")[:12]
     for i, value in enumerate(values):
         ledger.append(repo / "results.tsv", record.make_row(
-            config, head(repo), "baseline", f"base{i}", "keep", value, 0.1, 5, 10.0, 42 + i, config=blob,
+            config, head(repo), "baseline", f"base{i}", "keep", val_bpb=value, memory_gb=0.1, steps=5, wall=10.0, seed=42 + i, config=blob,
             repeat=i + 1, n=i + 1, decision=f"baseline {i + 1}/3"))
 
 

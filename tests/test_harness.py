@@ -243,7 +243,8 @@ def test_recovery_after_the_row_was_written(repo, env):
     (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# change\n")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change")
     commit = head(repo)
-    row = record.make_row(config, commit, "change", "r1", "discard", 3.0, 0.1, 5, 10.0, 42)
+    row = record.make_row(config, commit, "change", "r1", "discard", val_bpb=3.0, memory_gb=0.1, steps=5, wall=10.0,
+                          seed=42)
     ledger.append(repo / "results.tsv", row)
     (repo / ".autoresearch" / "pending.json").write_text(json.dumps(
         {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "processes": []}))

@@ -59,8 +59,8 @@ def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tm
         # record it as if it had run, so the next proposer learns it from results.tsv and git
         sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", description)
         head = sh(repo, "git", "rev-parse", "HEAD")
-        ledger.append(repo / "results.tsv", record.make_row(config, head, description, f"r{i}", "discard", 3.0 + i / 100,
-                                                      0.1, 5, 10.0, 42))
+        ledger.append(repo / "results.tsv", record.make_row(config, head, description, f"r{i}", "discard", val_bpb=3.0 + i / 100,
+                                                      memory_gb=0.1, steps=5, wall=10.0, seed=42))
         sh(repo, "git", "reset", "-q", "--hard", config["base_commit"])
     study = TPEProposer(repo, "p", "cpu", seq_len=32)
     study.sync()

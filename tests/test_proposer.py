@@ -34,7 +34,8 @@ def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None
         ledger.append(repo / "results.tsv", record.make_row(
             config, head, description + (f"{descriptions.REPEAT_MARK}{i + 1}]" if i else "") + note.get(status, ""),
             f"r{head[:6]}{i}", status,
-            val_bpb if status != "crash" else 0.0, 0.1, 5, 10.0, 42 + i, config=git.blob_of(source)))
+            val_bpb=val_bpb if status != "crash" else 0.0, memory_gb=0.1, steps=5, wall=10.0, seed=42 + i,
+            config=git.blob_of(source)))
     if status != "keep":
         sh(repo, "git", "reset", "-q", "--hard", back_to or "HEAD~1")
 

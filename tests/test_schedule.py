@@ -113,7 +113,7 @@ def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_
 LRS = [0.02, 0.5, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (the baseline has 0.04); 0.5 is hopeless
 
 
-def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
+def fake_execute(ctx, attempt):
     """val_bpb as a function of train.py's MATRIX_LR and the seed: best at 0.03, noise of a few thousandths. Its
     step lines' loss too, and the loop's prune check sees them as a real training's (elapsed 0, 1, 2 s of the
     2 s budget): MATRIX_LR 0.5 is pruned at 1 s. The very first run of the night crashes (after one interrupted
@@ -122,6 +122,7 @@ def fake_execute(repo, config, run_dir, seed, *args, prune=None, **kw):
     import os
     from pathlib import Path
     import runtime
+    repo, run_dir, seed, prune = ctx.repo, attempt.run_dir, attempt.seed, attempt.prune
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
     log = run_dir / state.RUN_LOG
