@@ -41,18 +41,18 @@ def kept_runs(repo: Path, rows: list[ledger.Row], config_id: str) -> list[ledger
 def best(repo: Path) -> str:
     import prepare
     config = tags.load_tag(repo)
-    rows = ledger.read(state.results(repo), config["tag"])
+    rows = ledger.read(state.results(repo), config.tag)
     champ = decide.champion(rows)
     if champ is None:
-        raise errors.HarnessError(f"tag {config['tag']} has no kept run yet: the baseline comes first "
+        raise errors.HarnessError(f"tag {config.tag} has no kept run yet: the baseline comes first "
                                "(`autoresearch status` shows what is running).")
     key = champ.key
     values = decide.samples(rows).get(key, [champ.val_bpb])
     noise = decide.pooled_noise(decide.samples(rows))
     spread = f" +- {decide.sem(values, noise):.6f} (sem)" if noise else ""
     tests = [r.test_bpb for r in rows if r.status == "keep" and r.key == key and r.test_bpb]
-    base = config["base_commit"]
-    lines = [f"champion of tag {config['tag']}: val_bpb {fmean(values):.6f}{spread} over {len(values)} run(s)",
+    base = config.base_commit
+    lines = [f"champion of tag {config.tag}: val_bpb {fmean(values):.6f}{spread} over {len(values)} run(s)",
              f"  commit {champ.commit}: {descriptions.base_description(champ.description)}",
              "  test_bpb " + (f"{fmean(tests):.6f} (held-out split, scored by the harness)" if tests else
                               "not scored (the baseline's first run scores it; see docs/integrity.md)")]
@@ -94,12 +94,12 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     if tokens < 1 or not temperature >= 0:
         raise errors.HarnessError("--tokens must be at least 1 and --temperature at least 0 (0: the likeliest token).")
     config = tags.load_tag(repo)
-    rows = ledger.read(state.results(repo), config["tag"])
+    rows = ledger.read(state.results(repo), config.tag)
     if run_id is None:
         champ = decide.champion(rows)
         models = kept_runs(repo, rows, champ.key) if champ else []
         if not models:
-            raise errors.HarnessError(f"tag {config['tag']} has no kept model on disk yet (`autoresearch best` says "
+            raise errors.HarnessError(f"tag {config.tag} has no kept model on disk yet (`autoresearch best` says "
                                    "why); give one with --run RUN_ID.")
         run_id = models[0].run_id
     found = [model_dir(repo, r) for r in rows if r.run_id == run_id]

@@ -13,12 +13,12 @@ The Ray working copies (<cache>-workers) are left alone: a parallel tag's kept m
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import champion, compiled, decide, ledger, sandbox, state
+from autoresearch import champion, compiled, decide, ledger, sandbox, state, tagconfig
+from autoresearch.errors import HarnessError
 
 
 @dataclass
@@ -46,8 +46,8 @@ def plan(repo: Path) -> list[Item]:
         if champ is not None:
             key = champ.key
             try:  # the base its runs start from depends on the tag's threads per run and machine too
-                keep_bases.add(compiled.key(key, json.loads(state.tag_file(repo, tag).read_text())))
-            except (OSError, ValueError):
+                keep_bases.add(compiled.key(key, tagconfig.read(state.tag_file(repo, tag))))
+            except HarnessError:
                 pass  # no tag file (a results.tsv copied in): its champion's base, if any, is refilled when needed
             keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
     items = []

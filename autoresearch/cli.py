@@ -45,12 +45,12 @@ def _status(repo: Path) -> str:
 
     config = tags.load_tag(repo)
     damaged = []
-    rows = ledger.read(state.results(repo), config["tag"], damaged=damaged)
+    rows = ledger.read(state.results(repo), config.tag, damaged=damaged)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     from autoresearch import facts, machine, report
-    hw = f" | {machine.describe(config['hardware'])}" if "hardware" in config else ""
-    lines = [f"branch {git.branch(repo)} | budget {config['budget_s']:g} s on the {config['clock']} clock | "
-             f"fingerprint {config['fingerprint'][:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
+    hw = f" | {machine.describe(config.hardware)}" if config.hardware else ""
+    lines = [f"branch {git.branch(repo)} | budget {config.budget_s:g} s on the {config.clock} clock | "
+             f"fingerprint {config.fingerprint[:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
              "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
@@ -304,7 +304,7 @@ def _command(args) -> int:
 
         from autoresearch import facts
         config = tags.load_tag(repo)
-        print(json.dumps(facts.facts(state.results(repo), repo, config["tag"]), indent=1))
+        print(json.dumps(facts.facts(state.results(repo), repo, config.tag), indent=1))
     elif args.command == "status":
         print(_status(repo))
     return OK
@@ -360,9 +360,9 @@ def _change_state(repo: Path, args) -> int:
     from autoresearch import run, state, tags
     if args.command == "setup":
         config = tags.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
-        print(f"on branch {config['branch']}; results go to {state.results(repo)}")
-        print(f"fixed half fingerprint {config['fingerprint'][:12]}, budget {config['budget_s']:g} s, protection "
-              f"{config['protection']}, decision {config['decision']}, {config['allowance_s']:g} s allowed outside "
+        print(f"on branch {config.branch}; results go to {state.results(repo)}")
+        print(f"fixed half fingerprint {config.fingerprint[:12]}, budget {config.budget_s:g} s, protection "
+              f"{config.protection}, decision {config.decision}, {config.allowance_s:g} s allowed outside "
               f"the budget")
         print('next: `autoresearch run -m "baseline"` (or point your agent at program.md)')
         return OK

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from autoresearch import fixed, guard, machine, processes, sandbox, tags
+from autoresearch.tagconfig import Tag
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
                       # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
@@ -45,7 +46,7 @@ def root(cache: Path) -> Path:
     return cache.parent / f"{cache.name}-compile"
 
 
-def key(config_id: str, config: dict) -> str:
+def key(config_id: str, config: Tag) -> str:
     """A base's name: the configuration, and what else the harness controls that changes the code inductor
     compiles for it. What inductor's own cache keys hold (torch 2.13, _inductor/codecache.py): the FX graph's
     key has parallel_num_threads(), i.e. torch.get_num_threads(), which CPU C++ kernels specialize on (set by the
@@ -56,12 +57,12 @@ def key(config_id: str, config: dict) -> str:
     clear, the device's name, torch and the tag's peaks hashed. Keyed by configuration alone, a base filled at 2
     threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside its budget
     (issue 34)."""
-    hw = config.get("hardware") or machine.hardware()
+    hw = config.hardware or machine.hardware()
     # the tag's measured peaks decide bf16 or float32 on a CPU (bf16 at 2x fp32's): on a 2-core AMD EPYC whose
     # ratio sits near 2, two tags chose differently, and a base filled for float32 served a bf16 baseline nothing
     # (its first step 46 s of a 30 s budget). Keyed by the peaks, a tag fills its own base
     machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch"),
-                                            config.get("peak_flops")], sort_keys=True).encode()).hexdigest()
+                                            config.peak_flops], sort_keys=True).encode()).hexdigest()
     return f"{config_id}-{hw.get('device')}-t{tags.threads_per_run(config)}-{machine_id[:8]}"
 
 
@@ -96,7 +97,7 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
     return env
 
 
-def ensure_base(fixed_half, config_id: str, config: dict, train_source: str, protection: str, log=print) -> Path:
+def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, protection: str, log=print) -> Path:
     """The base for the runs of tag `config` whose champion is config_id (named by key()), filled by a compile
     phase if it has none yet. One phase at a time per base: parallel workers on one machine share the data cache,
     so they share its bases. fixed_half: the tag's fixed.FixedHalf (its clean files, data cache and manifest)."""
@@ -117,7 +118,7 @@ def ensure_base(fixed_half, config_id: str, config: dict, train_source: str, pro
         return _fill(fixed_half, name, train_source, config, protection, log)
 
 
-def _fill(fixed_half, name: str, train_source: str, config: dict, protection: str, log) -> Path:
+def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str, log) -> Path:
     cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
     shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
@@ -125,7 +126,7 @@ def _fill(fixed_half, name: str, train_source: str, config: dict, protection: st
     try:
         (work / "train.py").write_text(train_source)
         fixed.write_sources(fixed_half.sources, work)
-        view = sandbox.make_view(work, cache, fixed_half.manifest, config.get("peak_flops"), tokens=False)
+        view = sandbox.make_view(work, cache, fixed_half.manifest, config.peak_flops, tokens=False)
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, base)

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
                           run, schedule, state, supervise, tags)
 from autoresearch.worker import Worker
+from autoresearch.tagconfig import Tag
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
 JOIN_WAIT = 30          # seconds the loop waits for all its workers before it starts with those that joined
@@ -76,10 +77,10 @@ class Stop(Exception):
 
 
 class Driver:
-    def __init__(self, repo: Path, config: dict, args, ray, gpu: bool, log=print):
+    def __init__(self, repo: Path, config: Tag, args, ray, gpu: bool, log=print):
         self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
-        self.rule = args.decision or config.get("decision") or "stat"
-        pins = tags.pin_problems(config, "bwrap" if config.get("protection") == "bwrap" else "none", self.rule, None)
+        self.rule = args.decision or config.decision or "stat"
+        pins = tags.pin_problems(config, "bwrap" if config.protection == "bwrap" else "none", self.rule, None)
         if pins:
             raise errors.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
         self.results = state.results(repo)
@@ -96,7 +97,7 @@ class Driver:
         self.failures = 0
         self.stopping = False
         self.deadline = time.time() + args.hours * 3600 if args.hours else None
-        self.proposers = agents.WorkerProposers(repo, config["tag"], args.agent, args.agent_timeout)
+        self.proposers = agents.WorkerProposers(repo, config.tag, args.agent, args.agent_timeout)
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=1 if args.agent in proposer.BUILTINS else 64)
 
     # --- workers -------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ class Driver:
             self.spawned += 1
             name = f"w{self.spawned}"
             # the tag's secret draw travels with the workers' copy of the tag, never into the repository (heldout.py)
-            actor = self.actor_class.remote(str(self.repo), dict(self.config, draw=heldout.draw(self.config)), name,
+            actor = self.actor_class.remote(str(self.repo), replace(self.config, draw=heldout.draw(self.config)), name,
                                             self.args.sandbox or tags.sandbox_mode_of(self.config))
             self.joining[actor.join.remote()] = (name, actor, time.time())
 
@@ -166,7 +167,7 @@ class Driver:
         champion = tags.last_kept_commit(self.repo, self.config, rows)
         champion_config = tags.config_of(self.repo, champion)
         reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
-        return Job(state.new_run_id(), self.config["tag"], commit, parent, config_id, description,
+        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, description,
                    schedule.seed(rows, config_id, seeds_in_flight, self.rule), schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
@@ -204,17 +205,17 @@ class Driver:
                 self.started -= 1
                 return
         description = descriptions.clean(description)
-        base = git.git(self.repo, "show", f"{self.config['base_commit']}:{state.EDITABLE}", strip=False).encode()
+        base = git.git(self.repo, "show", f"{self.config.base_commit}:{state.EDITABLE}", strip=False).encode()
         problem = run.train_py_problem(source.encode(errors="replace"), self.config, base)
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
             self.free.append(name)
             row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),
                                   state.new_run_id(), "refused", worker=name)
             ledger.append(self.results, row)
-            self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))
+            self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
         commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
-        self.dispatch(self.job(ledger.read(self.results, self.config["tag"]), commit, parent, source, description, 1,
+        self.dispatch(self.job(ledger.read(self.results, self.config.tag), commit, parent, source, description, 1,
                                name))
 
     def dispatch(self, job: Job) -> None:
@@ -242,7 +243,7 @@ class Driver:
             if job.worker in self.workers:
                 self.lost(job.worker)
             return
-        rows = ledger.read(self.results, self.config["tag"])
+        rows = ledger.read(self.results, self.config.tag)
         ex = execute.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
                                supervise.Training(**res["training"]))
         ran = record.Ran(job.commit, job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
@@ -268,7 +269,7 @@ class Driver:
         """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""
         record.record(self.repo, row, run_dir)
         state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)
-        self.log(loop.line(len(ledger.read(self.results, self.config["tag"])), row))
+        self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
 
     # --- the loop -------------------------------------------------------------------------------------
 
@@ -284,7 +285,7 @@ class Driver:
                 raise Stop(f"no worker joined within {JOIN_TIMEOUT} s: see the messages above")
         if not self.workers:
             raise Stop("no worker could join (see above); fix those machines and run the loop again")
-        self.log(f"loop on {self.config['branch']} with {len(self.workers)} worker(s) of {self.threads} thread(s) "
+        self.log(f"loop on {self.config.branch} with {len(self.workers)} worker(s) of {self.threads} thread(s) "
                  f"each, agent {self.args.agent}; Ctrl-C stops and records the runs in flight as interrupted")
         idle_since = None
         stop = loop.dashboard_stop(self.repo)
@@ -293,7 +294,7 @@ class Driver:
                 if not self.stopping and stop():
                     self.log("asked to stop from the dashboard: no new experiments; the runs in flight finish")
                     self.stopping = True
-                rows = ledger.read(self.results, self.config["tag"])
+                rows = ledger.read(self.results, self.config.tag)
                 while self.free:
                     what = self.next_job(rows, self.free[0])
                     if what is None:
@@ -303,7 +304,7 @@ class Driver:
                         self.propose(name)
                     else:
                         self.dispatch(what)
-                    rows = ledger.read(self.results, self.config["tag"])
+                    rows = ledger.read(self.results, self.config.tag)
                 if not self.running and not self.proposing:
                     if self.workers or not self.joining:
                         return 0

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from autoresearch import compiled, evaluate, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
+from autoresearch.tagconfig import Tag
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
 
@@ -36,7 +37,7 @@ class Context:
     """What every run of a tag executes under: the repository (or a worker's copy of it), the tag's config, the
     protection its runs get, and the tag's fixed half (fixed.of_tag)."""
     repo: Path
-    config: dict
+    config: Tag
     protection: str
     fixed_half: fixed.FixedHalf
 
@@ -121,20 +122,20 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     caller records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own
     copy. A pruned run is checked for integrity like any other, and not evaluated."""
     config, run_dir = ctx.config, attempt.run_dir
-    budget, clock = config["budget_s"], config["clock"]
+    budget, clock = config.budget_s, config.clock
     out = run_dir / sandbox.OUT_DIR
     out.mkdir(parents=True, exist_ok=True)
     problem = checked_source(ctx.repo, config, run_dir, attempt.pending.get("commit"))
     if problem:
         return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
     half = ctx.fixed_half
-    view = sandbox.make_view(run_dir, half.cache, half.manifest, config.get("peak_flops"))
+    view = sandbox.make_view(run_dir, half.cache, half.manifest, config.peak_flops)
     base_before = None
     if attempt.compile_base is not None:
         compiled.private_copy(attempt.compile_base, run_dir)
         base_before = compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
-    timeout = min(attempt.timeout or config.get("timeout_s") or tags.default_timeout(budget, clock),
-                  config.get("timeout_s") or float("inf"))
+    timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(budget, clock),
+                  config.timeout_s or float("inf"))
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
     # Under bubblewrap the evaluator imports torch while train.py starts (evaluate.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
@@ -159,7 +160,7 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
         result, problem = ((None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir))
         facts = Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
                       attempt.seed, budget, timeout, budget + outside_seconds(config, training),
-                      config["allowance_s"], clock, ctx.protection)
+                      config.allowance_s, clock, ctx.protection)
         for outcome, fails, reason in CHECKS:
             if fails(facts):
                 return Execution(outcome, reason(facts), result, {}, training)
@@ -221,7 +222,7 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: evaluate.Evaluator, fac
     return Execution(status, reason, result, evaluation, facts.training)
 
 
-def checked_source(repo: Path, config: dict, run_dir: Path, commit: str | None) -> str | None:
+def checked_source(repo: Path, config: Tag, run_dir: Path, commit: str | None) -> str | None:
     """train.py read once, checked, and kept in run_dir (sandbox.SOURCE) for the training: what runs is what was
     checked, and what was committed. Why not, or None. A confined agent can rewrite the work tree's train.py at
     any moment (`autoresearch agent`): between the run's own check and its commit, or while it trains."""
@@ -231,15 +232,15 @@ def checked_source(repo: Path, config: dict, run_dir: Path, commit: str | None) 
     if committed and git.blob_id(repo, state.EDITABLE, source) != committed:
         return (f"{state.EDITABLE} changed after it was checked and committed ({commit[:7]}); leave it alone "
                 "while a run starts or trains")
-    base = git.git(repo, "show", f"{config['base_commit']}:{state.EDITABLE}", strip=False).encode()
+    base = git.git(repo, "show", f"{config.base_commit}:{state.EDITABLE}", strip=False).encode()
     return heldout.problem(source, config, base)
 
 
-def outside_seconds(config: dict, training: supervise.Training) -> float:
+def outside_seconds(config: Tag, training: supervise.Training) -> float:
     """Seconds the training ran beyond its budget until its process ended, on the tag's clock (cpu: CPU seconds
     per thread)."""
-    if config["clock"] == "cpu":
+    if config.clock == "cpu":
         took = (training.cpu_at_done or 0.0) / tags.threads_per_run(config)
     else:
         took = training.done_after if training.done_after is not None else training.wall
-    return round(took - config["budget_s"], 3)
+    return round(took - config.budget_s, 3)

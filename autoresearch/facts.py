@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tags
+from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig, tags
 
 
 class BadQuery(ValueError):
@@ -73,7 +73,7 @@ def _seconds(stamp: str) -> float | None:
         return None
 
 
-def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
+def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) -> dict:
     """One tag: its champion and noise, per-hour rates, and every row with its delta to the champion."""
     values = decide.samples(rows)
     noise = decide.pooled_noise(values)
@@ -104,9 +104,9 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
         table.append(row)
     return {
         "tag": tag,
-        "budget_s": config.get("budget_s") if config else (rows[0].budget_s if rows else None),
-        "clock": config.get("clock", "wall") if config else (rows[0].clock if rows else None),
-        "hardware": machine.describe(config["hardware"]) if config and "hardware" in config else None,
+        "budget_s": config.budget_s if config else (rows[0].budget_s if rows else None),
+        "clock": config.clock if config else (rows[0].clock if rows else None),
+        "hardware": machine.describe(config.hardware) if config and config.hardware else None,
         "threads": tags.threads_per_run(config) if config else None,
         "champion": champion,
         "flagged": [{"run_id": r.run_id, "commit": r.commit, "status": r.status, "flags": r.flags}
@@ -123,14 +123,14 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: dict | None) -> dict:
     }
 
 
-def _tag_configs(repo: Path | None) -> dict[str, dict]:
+def _tag_configs(repo: Path | None) -> dict[str, tagconfig.Tag]:
     out = {}
     if repo is None:
         return out
     for path in sorted(state.tags_dir(repo).glob("*.json")):
         try:
-            out[path.stem] = json.loads(path.read_text())
-        except (OSError, ValueError):
+            out[path.stem] = tagconfig.read(path)
+        except errors.HarnessError:
             continue
     return out
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from autoresearch import checksums, evaluate, git, sandbox, state
 from autoresearch.errors import HarnessError
+from autoresearch.tagconfig import Tag
 
 
 RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss", "COMPILE_ONLY_ENV")  # what the harness
@@ -98,11 +99,11 @@ def _committed(repo: Path, commit: str) -> dict[str, bytes]:
     return {name: git.git(repo, "show", f"{commit}:{name}", strip=False).encode() for name in names}
 
 
-def clean_sources(repo: Path, config: dict) -> dict[str, bytes]:
+def clean_sources(repo: Path, config: Tag) -> dict[str, bytes]:
     """The fixed files as committed when the tag was set up (a tag from before runtime.py: prepare.py alone):
     what every run and evaluation of the tag uses, never the working tree's."""
-    digests = config.get("fixed_sha256") or {"prepare.py": config["prepare_sha256"]}
-    sources = _committed(repo, config["base_commit"])
+    digests = config.fixed_sha256 or {"prepare.py": config.prepare_sha256}
+    sources = _committed(repo, config.base_commit)
     if {n: hashlib.sha256(s).hexdigest() for n, s in sources.items() if n in digests} != digests:
         raise HarnessError("the fixed files in git at the tag's base commit are not the ones the tag was set up "
                            "with; the repository was rewritten. Start a new tag.")
@@ -123,7 +124,7 @@ class FixedHalf:
     manifest: dict
 
 
-def of_tag(repo: Path, config: dict) -> FixedHalf:
+def of_tag(repo: Path, config: Tag) -> FixedHalf:
     prepare = contract()
     return FixedHalf(clean_sources(repo, config), prepare.cache_dir(), prepare.require_manifest())
 

@@ -21,8 +21,12 @@ import secrets
 import uuid
 import zlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoresearch.errors import HarnessError
+
+if TYPE_CHECKING:
+    from autoresearch.tagconfig import Tag
 
 LIMIT_BYTES = 3072   # what train.py may carry beyond its tag's base, compressed (zlib, the base as dictionary)
 WINDOW = 32768       # zlib's dictionary: the base's last 32 KB
@@ -53,15 +57,15 @@ def new_draw() -> str:
     return draw_id
 
 
-def draw(config: dict) -> int | None:
+def draw(config: Tag) -> int | None:
     """The tag's secret draw (None: a tag from before draws, scored on the splits' first rows). A parallel
-    loop's driver hands it to its workers in their copy of the tag (config["draw"]); nothing writes it into
+    loop's driver hands it to its workers in their copy of the tag (config.draw); nothing writes it into
     the repository."""
-    if "draw" in config:
-        return config["draw"]
-    if "draw_id" not in config:
+    if config.draw is not None:
+        return config.draw
+    if config.draw_id is None:
         return None
-    path = secrets_dir() / config["draw_id"]
+    path = secrets_dir() / config.draw_id
     try:
         return int(path.read_text())
     except (OSError, ValueError):
@@ -70,15 +74,15 @@ def draw(config: dict) -> int | None:
                            "(`autoresearch setup --tag NEW`).") from None
 
 
-def problem(raw: bytes, config: dict, base: bytes) -> str | None:
+def problem(raw: bytes, config: Tag, base: bytes) -> str | None:
     """Why train.py's bytes may not run under this tag, or None: over its size limit, or carrying more than its
     limit beyond its base. Checked before a run and again on the bytes the training is given (execute.py)."""
-    if len(raw) > config["max_train_bytes"]:
-        return (f"train.py has {len(raw):,} bytes, more than this tag's limit of {config['max_train_bytes']:,} "
+    if len(raw) > config.max_train_bytes:
+        return (f"train.py has {len(raw):,} bytes, more than this tag's limit of {config.max_train_bytes:,} "
                 "(set at setup): a file that size carries data, not code. Remove what it embeds")
     carried = carried_bytes(raw, base)
-    if carried > config["max_carried_bytes"]:
+    if carried > config.max_carried_bytes:
         return (f"train.py carries {carried:,} bytes beyond the tag's base (compressed with the base as "
-                f"dictionary), more than this tag's limit of {config['max_carried_bytes']:,}: that is data, not "
+                f"dictionary), more than this tag's limit of {config.max_carried_bytes:,}: that is data, not "
                 "a change of code (this project's whole history of train.py is 2 KB). Remove what it embeds")
     return None

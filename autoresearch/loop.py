@@ -13,6 +13,7 @@ from pathlib import Path
 
 from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags
 from autoresearch.errors import HarnessError, MachineBusy
+from autoresearch.tagconfig import Tag
 
 
 def ensure_data(log=print) -> None:
@@ -24,12 +25,12 @@ def ensure_data(log=print) -> None:
         data.prepare(log=log)
 
 
-def make_agent(repo: Path, config: dict, spec: str, agent_timeout: float):
+def make_agent(repo: Path, config: Tag, spec: str, agent_timeout: float):
     if spec in proposer.BUILTINS:
         import prepare
         manifest = prepare.require_manifest()
-        return proposer.builtin(spec, repo, config["tag"], manifest["profile"], manifest["max_seq_len"])
-    return agents.ExternalAgent(repo, config["tag"], spec, agent_timeout)
+        return proposer.builtin(spec, repo, config.tag, manifest["profile"], manifest["max_seq_len"])
+    return agents.ExternalAgent(repo, config.tag, spec, agent_timeout)
 
 
 class Progress:
@@ -95,13 +96,13 @@ def main(repo: Path, args, log=print) -> int:
         protection = sandbox.protection(args.sandbox or tags.sandbox_mode_of(config))  # --sandbox on without bubblewrap: an error before any run
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
-    rule = args.decision or config.get("decision") or "stat"
+    rule = args.decision or config.decision or "stat"
     recovery.recover(repo, log)
     agent = make_agent(repo, config, args.agent, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     begun, failures, stopping = 0, 0, False
     stop = dashboard_stop(repo)
-    log(f"loop on {config['branch']} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
+    log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
 
     def may_begin() -> bool:
@@ -115,7 +116,7 @@ def main(repo: Path, args, log=print) -> int:
         if not stopping and stop():
             log("stopping: asked to from the dashboard (.autoresearch/stop); an unfinished series finishes first")
             stopping = True
-        rows = ledger.read(state.results(repo), config["tag"])
+        rows = ledger.read(state.results(repo), config.tag)
         step = schedule.next_run(rows, [], rule, may_begin(), tags.config_of(repo, git.head(repo)))
         if step.kind == "stop":
             log(step.reason)
@@ -135,7 +136,7 @@ def main(repo: Path, args, log=print) -> int:
                 continue
             failures = 0
         begun += step.new
-        progress = Progress(config["budget_s"], description)
+        progress = Progress(config.budget_s, description)
         try:
             while True:
                 try:
@@ -157,11 +158,11 @@ def main(repo: Path, args, log=print) -> int:
             return 130
         finally:
             progress.close()
-        log(line(len(ledger.read(state.results(repo), config["tag"])), outcome.row))
+        log(line(len(ledger.read(state.results(repo), config.tag)), outcome.row))
         if outcome.row.status == "crash":
             log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))
         if outcome.row.status != "confirm" and not decide.latest_unfinished(
-                ledger.read(state.results(repo), config["tag"])):
+                ledger.read(state.results(repo), config.tag)):
             agent.observe(outcome)  # the experiment is decided
 
 

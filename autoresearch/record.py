@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import fmean
 
 from autoresearch import decide, descriptions, evaluate, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch.tagconfig import Tag
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Ran:
     repeat: int = 1
     where: dict = field(default_factory=dict)  # worker, host, device
 
-    def row(self, tag_config: dict, status: str, description: str | None = None, **fields) -> ledger.Row:
+    def row(self, tag_config: Tag, status: str, description: str | None = None, **fields) -> ledger.Row:
         """Its ledger row with `status` (and another description, a note added), the rest of the row's fields
         given by name (val_bpb, steps, wall, the decision's statistics, ...)."""
         return make_row(tag_config, self.commit, self.description if description is None else description,
@@ -38,19 +39,19 @@ class Ran:
                                                     config=self.config, repeat=self.repeat, **fields))
 
 
-def make_row(tag_config: dict, commit: str, description: str, run_id: str, status: str, **fields) -> ledger.Row:
+def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status: str, **fields) -> ledger.Row:
     """A ledger row of the tag: fields by name as ledger.Row has them, but `wall` for wall_s."""
     fields.setdefault("val_bpb", 0.0)
     fields.setdefault("memory_gb", 0.0)
     fields.setdefault("steps", 0)
     fields.setdefault("seed", 0)
-    return ledger.Row(commit=commit[:7], status=status, description=description, tag=tag_config["tag"],
-                      run_id=run_id, time=state.now(), budget_s=tag_config["budget_s"],
-                      wall_s=fields.pop("wall", 0.0), fingerprint=tag_config["fingerprint"][:12],
-                      clock=tag_config.get("clock", "wall"), **fields)
+    return ledger.Row(commit=commit[:7], status=status, description=description, tag=tag_config.tag,
+                      run_id=run_id, time=state.now(), budget_s=tag_config.budget_s,
+                      wall_s=fields.pop("wall", 0.0), fingerprint=tag_config.fingerprint[:12],
+                      clock=tag_config.clock, **fields)
 
 
-def interrupted_row(config: dict, job: dict, reason: str) -> ledger.Row:
+def interrupted_row(config: Tag, job: dict, reason: str) -> ledger.Row:
     """The row of a run whose harness, driver or worker died before it was recorded."""
     ran = Ran(job.get("commit") or job["parent"], job["description"], job["run_id"], job.get("seed", 0),
               job.get("protection", "none"), job.get("config", ""), job.get("repeat", 1),
@@ -59,14 +60,14 @@ def interrupted_row(config: dict, job: dict, reason: str) -> ledger.Row:
                    decision="interrupted")
 
 
-def test_threshold(rows: list[ledger.Row], config: dict, rule: str) -> float | None:
+def test_threshold(rows: list[ledger.Row], config: Tag, rule: str) -> float | None:
     """The val_bpb below which a run may be a new best, so the held-out test split is scored for it: the best
     single run (naive) or the champion's mean (stat)."""
     champ_row = decide.champion(rows)
     values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
     if rule == "stat" and values:
         return fmean(values)
-    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     return best_row.val_bpb if best_row else None
 
 
@@ -94,7 +95,7 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
-def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
+def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
                ran: Ran) -> ledger.Row:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
     common = dict(load=ex.training.load, wall=ex.training.wall,
@@ -108,9 +109,9 @@ def result_row(config: dict, ex: execute.Execution, rows: list[ledger.Row], rule
         return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.CRASH, ex.reason),
                        decision=("crashed during its confirmation: discarded"
                                  if series is not None and series.kind == "candidate" else ""), **common)
-    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     val_bpb = ex.evaluation["val_bpb"]
-    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config["budget_s"])  # a new shape's first run
+    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config.budget_s)  # a new shape's first run
     status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None,
                           cold)
     test_bpb = ex.evaluation.get("test_bpb")

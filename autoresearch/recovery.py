@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autoresearch import git, ledger, processes, record, state, tags
+from autoresearch import git, ledger, processes, record, state, tagconfig, tags
 from autoresearch.errors import HarnessError
 
 
@@ -37,8 +37,8 @@ def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-r
         except (OSError, ValueError):  # torn by a kill while written: it never reached a worker
             path.unlink()
             continue
-        config = json.loads(state.tag_file(repo, job['tag']).read_text())
-        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config["tag"])):
+        config = tagconfig.read(state.tag_file(repo, job['tag']))
+        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config.tag)):
             row = record.interrupted_row(config, job, reason)
             record.record(repo, row)
             recorded.append(row)
@@ -60,8 +60,8 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
             branch_back(repo, parallel, inflight[-1].tag if inflight else None)
         return inflight[-1] if inflight else None
     processes.kill_recorded(pending.get("processes") or [])
-    config = json.loads(state.tag_file(repo, pending['tag']).read_text())
-    rows = ledger.read(state.results(repo), config["tag"])
+    config = tagconfig.read(state.tag_file(repo, pending['tag']))
+    rows = ledger.read(state.results(repo), config.tag)
     row = None
     if not any(r.run_id == pending["run_id"] for r in rows):
         row = record.interrupted_row(config, pending, reason)
@@ -78,7 +78,7 @@ def branch_back(repo: Path, parallel: bool, tag: str | None) -> None:
     if not name.startswith(state.BRANCH_PREFIX) or (tag is not None and name != state.BRANCH_PREFIX + tag):
         return
     config = tags.load_tag(repo)
-    rows = ledger.read(state.results(repo), config["tag"])
+    rows = ledger.read(state.results(repo), config.tag)
     # an open confirmation series of `autoresearch run` stays on its candidate
     target = tags.last_kept_commit(repo, config, rows) if parallel else tags.branch_target(repo, config, rows)
     if git.head(repo) != target:

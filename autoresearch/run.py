@@ -18,6 +18,7 @@ from typing import NoReturn
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load, prune,
                           record, recovery, sandbox, schedule, state, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
+from autoresearch.tagconfig import Tag
 
 EDITABLE = state.EDITABLE
 
@@ -56,15 +57,15 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         protection = sandbox.protection(options.sandbox_mode or tags.sandbox_mode_of(config))
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
-    rule = options.rule or config.get("decision") or "stat"
+    rule = options.rule or config.decision or "stat"
     results = state.results(repo)
-    rows = ledger.read(results, config["tag"])
+    rows = ledger.read(results, config.tag)
     series = schedule.next_run(rows, [], rule, True, "").series  # None: this run is a new candidate
     if series is not None:
         description = resume(repo, series, log)
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
-    best_row = ledger.best(rows, config["fingerprint"], config["budget_s"])
+    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
@@ -86,12 +87,12 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         base = compiled.watched(repo, protection, lambda: compile_base(repo, config, rows, fixed_half, protection, log))
     except compiled.Tampered as e:
         refuse(str(e))
-    if config["clock"] == "wall":  # a competing process would be measured, not train.py (machine_load.py)
+    if config.clock == "wall":  # a competing process would be measured, not train.py (machine_load.py)
         wait_until_quiet(repo, log, options.give_up)
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
     pending_path = state.pending_file(repo)
-    pending = {"run_id": run_id, "tag": config["tag"], "commit": None, "parent": ran.commit,
+    pending = {"run_id": run_id, "tag": config.tag, "commit": None, "parent": ran.commit,
                "description": description, "seed": seed, "started": state.now(), "protection": protection,
                "processes": []}
     state.atomic_json(pending_path, pending)
@@ -152,7 +153,7 @@ def wait_until_quiet(repo: Path, log, give_up) -> None:
         waiting.unlink(missing_ok=True)
 
 
-def admission(repo: Path, config: dict, protection: str, rule: str, timeout: float | None,
+def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: float | None,
               changed: list[str]) -> str | None:
     """Why a run may not start, or None: weaker settings than the tag's pins, files other than train.py
     changed, a train.py over the tag's size limit, or a machine or fixed half unlike the tag's (preflight)."""
@@ -164,14 +165,14 @@ def admission(repo: Path, config: dict, protection: str, rule: str, timeout: flo
     if others:
         return (f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                 f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
-    base = git.git(repo, "show", f"{config['base_commit']}:{EDITABLE}", strip=False).encode()
+    base = git.git(repo, "show", f"{config.base_commit}:{EDITABLE}", strip=False).encode()
     problem = train_py_problem((repo / EDITABLE).read_bytes(), config, base)
     if problem:
         return problem
     return tags.preflight(repo, config)
 
 
-def train_py_problem(raw: bytes, config: dict, base: bytes) -> str | None:
+def train_py_problem(raw: bytes, config: Tag, base: bytes) -> str | None:
     """Why this train.py may not run under this tag, or None: not UTF-8 text, over the tag's size limit, or
     carrying more than the tag's limit beyond its base (heldout.py). Both loops ask here."""
     return source_problem(raw) or heldout.problem(raw, config, base)
@@ -191,13 +192,13 @@ def source_problem(raw: bytes) -> str | None:
     return None
 
 
-def pruning(repo: Path, config: dict, rows, rule: str, first_run: bool) -> prune.Reference | None:
+def pruning(repo: Path, config: Tag, rows, rule: str, first_run: bool) -> prune.Reference | None:
     """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
     under the stat rule, once there is a champion; None: it trains its whole budget. Both loops ask here: this
     process applies its .check, the parallel driver sends it to the worker with the job."""
     if rule != "stat" or not prune.enabled() or not first_run:
         return None
-    return prune.reference(rows, config["budget_s"], prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
+    return prune.reference(rows, config.budget_s, prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
                            fixed.runtime().STEP_RE)
 
 
@@ -221,12 +222,12 @@ def run_series(repo: Path, description: str, options: Options = Options(), on_ou
     return outcomes
 
 
-def compile_base(repo: Path, config: dict, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
+def compile_base(repo: Path, config: Tag, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
                  log=print) -> Path | None:
     """The compile cache this tag's next run starts from: the champion's base for this tag's threads per run
     (compiled.key), filled by a compile phase the first time; None when the tag was set up with
     AUTORESEARCH_COMPILE_CACHE=off."""
-    if config.get("compile_cache", "champion") == "off":
+    if config.compile_cache == "off":
         return None
     champion = tags.last_kept_commit(repo, config, rows)
     source = git.git(repo, "show", f"{champion}:{EDITABLE}", strip=False)

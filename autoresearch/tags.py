@@ -16,10 +16,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from autoresearch import decide, fixed, git, heldout, ledger, machine, sandbox, state
+from autoresearch import decide, fixed, git, heldout, ledger, machine, sandbox, state, tagconfig
 from autoresearch.errors import HarnessError
+from autoresearch.tagconfig import Tag
 
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
 # Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
@@ -27,10 +29,6 @@ TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compila
 # ~5 s on 2 CPU cores outside a 300 s budget (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
 ALLOWANCE_FIXED = {"cpu": 10.0, "gpu": 30.0}
 ALLOWANCE_SHARE = 0.1
-OLD_ALLOWANCE = 30.0  # a tag from before allowances were recorded had a fixed 30 s on the cpu profile
-# A train.py larger than this is refused (the tag records its own): the default is ~25 KB, and a file of many
-# times that is data (embedded text to train on), not code.
-MAX_TRAIN_BYTES = 100_000
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -71,26 +69,22 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     import prepare
     budget, clock = fixed.budget(), fixed.clock()
     profile = prepare.require_manifest()["profile"]
-    config = {"tag": tag, "branch": name, "fingerprint": fingerprint, "budget_s": budget,
-              "clock": clock,
-              "base_commit": git.head(repo), "fixed_sha256": digests,
-              "hardware": machine.hardware(), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "protection": protection, "decision": rule, "allowance_s": outside_allowance(profile, budget),
-              "timeout_s": timeout or default_timeout(budget, clock), "max_train_bytes": MAX_TRAIN_BYTES,
-              "max_carried_bytes": heldout.LIMIT_BYTES, "draw_id": heldout.new_draw(),
-              "compile_cache": compile_cache_mode()}
-    if threads is not None:  # parallel workers: each run gets this many threads (threads_per_run)
-        config["threads"] = threads
-    config["peak_flops"] = machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
-                                         config["hardware"])
+    config = Tag(tag=tag, branch=name, fingerprint=fingerprint, budget_s=budget, clock=clock,
+                 base_commit=git.head(repo), fixed_sha256=digests, hardware=machine.hardware(),
+                 created=time.strftime("%Y-%m-%dT%H:%M:%S"), protection=protection, decision=rule,
+                 allowance_s=outside_allowance(profile, budget), timeout_s=timeout or default_timeout(budget, clock),
+                 draw_id=heldout.new_draw(), compile_cache=compile_cache_mode(),
+                 threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
+    config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
+                                                      config.hardware))
     sandbox.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
     git.git(repo, "checkout", "-q", "-b", name)
-    state.atomic_json(state.tag_file(repo, tag), config)
+    state.atomic_json(state.tag_file(repo, tag), config.to_json())
     ledger.create(state.results(repo))
     return config
 
 
-def load_tag(repo: Path) -> dict:
+def load_tag(repo: Path) -> Tag:
     name = git.branch(repo)
     if not name.startswith(state.BRANCH_PREFIX):
         raise HarnessError(f"On branch {name!r}, not an experiment branch. Start one with "
@@ -101,21 +95,7 @@ def load_tag(repo: Path) -> dict:
         raise HarnessError(f"No record of tag {tag!r} in {path}. Run `autoresearch setup --tag NEWTAG` "
                            "from the commit you want as baseline.")
     ledger.check_header(state.results(repo))
-    try:
-        config = json.loads(path.read_text())
-        missing = [k for k in ("tag", "branch", "fingerprint", "budget_s", "base_commit") if k not in config]
-        missing += [] if "fixed_sha256" in config or "prepare_sha256" in config else ["fixed_sha256"]
-    except (OSError, ValueError, TypeError) as e:
-        config, missing = None, [f"readable JSON ({e})"]
-    if missing:
-        raise HarnessError(f"{path} is damaged (no {', '.join(missing)}). Restore it from a backup, or start a new "
-                           "tag with `autoresearch setup --tag NEWTAG` (results.tsv keeps every row).")
-    config.setdefault("clock", "wall")  # tags set up before the cpu clock existed
-    # tags set up before the rules were pinned: the defaults of that time, the protection asked for at each run
-    config.setdefault("allowance_s", OLD_ALLOWANCE)
-    config.setdefault("max_train_bytes", MAX_TRAIN_BYTES)
-    config.setdefault("max_carried_bytes", heldout.LIMIT_BYTES)
-    return config
+    return tagconfig.read(path)
 
 
 def compile_cache_mode() -> str:
@@ -167,25 +147,25 @@ def measure_peaks(sources: dict[str, bytes], threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def sandbox_mode_of(config: dict) -> str:
+def sandbox_mode_of(config: Tag) -> str:
     """The --sandbox a run of this tag gets when it names none: the tag's (auto for tags from before pins)."""
-    return {"bwrap": "auto", "none": "off"}.get(config.get("protection"), "auto")
+    return {"bwrap": "auto", "none": "off"}.get(config.protection, "auto")
 
 
-def pin_problems(config: dict, protection: str, rule: str, timeout: float | None) -> list[str]:
+def pin_problems(config: Tag, protection: str, rule: str, timeout: float | None) -> list[str]:
     """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
     problems = []
-    pinned = config.get("protection")
+    pinned = config.protection
     if pinned == "bwrap" and protection != "bwrap":
         problems.append("this tag was set up with the bubblewrap sandbox, and this run asked for none "
                         "(--sandbox off, or bubblewrap no longer works here)")
-    if config.get("decision") and rule != config["decision"]:
-        problems.append(f"this tag decides by the {config['decision']} rule, and this run asked for {rule}")
-    if timeout is not None and config.get("timeout_s") and timeout > config["timeout_s"]:
-        problems.append(f"this tag's timeout is {config['timeout_s']:g} s, and this run asked for {timeout:g} s")
+    if config.decision and rule != config.decision:
+        problems.append(f"this tag decides by the {config.decision} rule, and this run asked for {rule}")
+    if timeout is not None and config.timeout_s and timeout > config.timeout_s:
+        problems.append(f"this tag's timeout is {config.timeout_s:g} s, and this run asked for {timeout:g} s")
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
-    if raw and "allowance_s" in config and float_or_none(raw) != config["allowance_s"]:
-        problems.append(f"this tag allows {config['allowance_s']:g} s outside the budget, and "
+    if raw and float_or_none(raw) != config.allowance_s:
+        problems.append(f"this tag allows {config.allowance_s:g} s outside the budget, and "
                         f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
     return problems
 
@@ -211,15 +191,15 @@ def outside_allowance(profile: str, budget: float) -> float:
     return round(ALLOWANCE_FIXED[profile] + ALLOWANCE_SHARE * budget, 3)
 
 
-def threads_per_run(config: dict) -> int:
+def threads_per_run(config: Tag) -> int:
     """Threads every run of the tag trains with: set at setup (parallel workers: each its share of the cores),
     else the cores of the machine the tag was set up on."""
-    return int(config.get("threads") or config.get("hardware", {}).get("cores") or machine.hardware()["cores"])
+    return int(config.threads or (config.hardware or {}).get("cores") or machine.hardware()["cores"])
 
 
-def device_label(config: dict, hw: dict | None = None) -> str:
+def device_label(config: Tag, hw: dict | None = None) -> str:
     """What a row ran on, for its `device` column: the accelerator's name, or the CPU and its thread count."""
-    hw = hw or config.get("hardware") or machine.hardware()
+    hw = hw or config.hardware or machine.hardware()
     return f"{hw['device']} {hw['name']}" if hw["device"] == "cuda" else f"{hw['device']} x{threads_per_run(config)}"
 
 
@@ -228,12 +208,12 @@ def config_of(repo: Path, commit: str) -> str:
     return git.git(repo, "rev-parse", f"{commit}:{state.EDITABLE}")[:12]
 
 
-def last_kept_commit(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
+def last_kept_commit(repo: Path, config: Tag, rows: list[ledger.Row]) -> str:
     kept = [r for r in rows if r.status == "keep"]
-    return git.git(repo, "rev-parse", kept[-1].commit) if kept else config["base_commit"]
+    return git.git(repo, "rev-parse", kept[-1].commit) if kept else config.base_commit
 
 
-def branch_target(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
+def branch_target(repo: Path, config: Tag, rows: list[ledger.Row]) -> str:
     """Where the branch belongs between runs: on the candidate while its confirmation series is open, else on
     the champion (the last kept commit). Of several open series (a parallel loop's leftovers), the one the next
     run finishes first (schedule.py: the oldest)."""
@@ -244,28 +224,28 @@ def branch_target(repo: Path, config: dict, rows: list[ledger.Row]) -> str:
     return last_kept_commit(repo, config, rows)
 
 
-def preflight(repo: Path, config: dict, worker: bool = False) -> str | None:
+def preflight(repo: Path, config: Tag, worker: bool = False) -> str | None:
     """Why a run from `repo` would not be comparable with the tag's other runs, or None: the fixed half, the
     budget, the clock and the hardware must all be the tag's. A worker may have more cores than its share."""
     try:
         fingerprint = fixed.fingerprint(repo)
     except HarnessError as e:  # a data file no longer matches its sha256
         return str(e).rstrip(".")
-    if fingerprint != config["fingerprint"]:
+    if fingerprint != config.fingerprint:
         return ("the fixed half (prepare.py, the prepared data or the tokenizer) differs from when this tag was "
                 "set up; restore it (`git checkout -- prepare.py`, `python prepare.py --force` for the data) or "
                 "start a new tag")
     budget = fixed.budget()
-    if budget != config["budget_s"]:
-        return (f"the time budget is {budget} s but this tag was set up with {config['budget_s']} s; "
+    if budget != config.budget_s:
+        return (f"the time budget is {budget} s but this tag was set up with {config.budget_s} s; "
                 f"set AUTORESEARCH_TIME_BUDGET accordingly (unset for 300 s)")
-    clock = config["clock"]
+    clock = config.clock
     if fixed.clock() != clock:
         return (f"AUTORESEARCH_BUDGET_CLOCK is {fixed.clock()} but this tag runs on the {clock} clock, and "
                 f"results under different clocks are never compared; set it to {clock} (wall: unset it), or "
                 f"start a new tag")
     here = machine.hardware()
-    recorded = config.get("hardware", here)
+    recorded = config.hardware or here
     changed_hw = machine.differences(recorded, here, ignore=("cores",) if worker else ())
     if worker and here["cores"] < threads_per_run(config):
         changed_hw.append(f"{here['cores']} cores for {threads_per_run(config)} threads per run")
@@ -285,7 +265,7 @@ def existing(repo: Path, tag: str | None) -> dict | None:
     if tag is None or not git.branch_exists(repo, state.BRANCH_PREFIX + tag):
         return None
     path = state.tag_file(repo, tag)
-    return json.loads(path.read_text()) if path.exists() else None
+    return tagconfig.read(path) if path.exists() else None
 
 
 def ensure(repo: Path, tag: str | None, log=print, threads: int | None = None, sandbox_mode: str | None = None,
@@ -306,5 +286,5 @@ def ensure(repo: Path, tag: str | None, log=print, threads: int | None = None, s
             n += 1
         tag = f"{tag}-{n}"
     config = setup(repo, tag, threads, sandbox_mode or "auto", rule or "stat")
-    log(f"new tag {tag}: branch {config['branch']}")
+    log(f"new tag {tag}: branch {config.branch}")
     return config

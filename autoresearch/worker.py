@@ -26,6 +26,7 @@ from pathlib import Path
 
 from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, recovery,
                           sandbox, state, supervise, tags)
+from autoresearch.tagconfig import Tag
 
 class WorkerRefused(RuntimeError):
     """This machine cannot run the tag's experiments comparably; the message says why and what to do."""
@@ -77,7 +78,7 @@ def _exit_with_parent() -> None:
 
 
 class Worker:
-    def __init__(self, repo_path: str, config: dict, name: str, sandbox_mode: str = "auto"):
+    def __init__(self, repo_path: str, config: Tag, name: str, sandbox_mode: str = "auto"):
         self.config, self.name = config, name
         self.host = host_name()
         self.threads = tags.threads_per_run(config)
@@ -94,16 +95,16 @@ class Worker:
         import prepare
         config = self.config
         # The tag's budget and clock, and the thread count, for this process and everything it starts.
-        os.environ["AUTORESEARCH_TIME_BUDGET"] = ledger.format_budget(config["budget_s"])
-        os.environ["AUTORESEARCH_BUDGET_CLOCK"] = config["clock"]
+        os.environ["AUTORESEARCH_TIME_BUDGET"] = ledger.format_budget(config.budget_s)
+        os.environ["AUTORESEARCH_BUDGET_CLOCK"] = config.clock
         os.environ["OMP_NUM_THREADS"] = str(self.threads)
         if prepare.load_manifest() is None:
             raise WorkerRefused(f"{self.host} has no prepared data in {prepare.cache_dir()}: run `python prepare.py` "
                                 "there with the same settings as on the driver (or copy the cache directory).")
         source = _find_repo(repo_path)
         self.driver_repo = Path(repo_path)
-        self.copy = workers_dir(config["tag"], source) / self.name
-        base = config["base_commit"]
+        self.copy = workers_dir(config.tag, source) / self.name
+        base = config.base_commit
         if git.git(source, "cat-file", "-t", base, check=False) != "commit":
             raise WorkerRefused(f"the repository on {self.host} ({source}) lacks the tag's base commit {base[:12]}: "
                                 "`git pull` it there.")
@@ -120,7 +121,7 @@ class Worker:
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: {problem}")
         self.fixed = fixed.of_tag(self.copy, config)
         self.protection = sandbox.protection(sandbox_mode)
-        if config.get("protection") == "bwrap" and self.protection != "bwrap":
+        if config.protection == "bwrap" and self.protection != "bwrap":
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: the tag runs every training in the "
                                 "bubblewrap sandbox, and it does not work here (install bubblewrap)")
         self.device = tags.device_label(config, machine.hardware())
@@ -156,10 +157,10 @@ class Worker:
         run_dir = state.run_dir(self.copy, job["run_id"])
         run_dir.mkdir(parents=True)
         pending_path = state.pending_file(self.copy)
-        pending = {"run_id": job["run_id"], "tag": self.config["tag"], "processes": []}
+        pending = {"run_id": job["run_id"], "tag": self.config.tag, "processes": []}
         state.atomic_json(pending_path, pending)
         base = None
-        if self.config.get("compile_cache", "champion") != "off" and job.get("champion_source"):
+        if self.config.compile_cache != "off" and job.get("champion_source"):
             try:
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
                     self.fixed, job["champion"], self.config, job["champion_source"], self.protection,

@@ -203,7 +203,7 @@ def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monk
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])
     config = tags.setup(repo, "k", threads=1)
-    base = config["base_commit"]
+    base = config.base_commit
     source = (repo / "train.py").read_text()
     a_src, b_src = source + "\n# change a\n", source + "\n# change b\n"
     a = git.commit_with(repo, base, "train.py", a_src, "a")

@@ -26,7 +26,7 @@ ARTIFACTS = Path(os.environ.get("AUTORESEARCH_TEST_ARTIFACTS", "/tmp/autoresearc
 def add_runs(repo, config, specs):
     """Rows as a loop writes them: (status, val_bpb, description, change); a change is a new train.py commit
     off the base, so that its diff is real."""
-    base = config["base_commit"]
+    base = config.base_commit
     source = (repo / "train.py").read_text()
     ledger.create(repo / "results.tsv")
     for i, (status, value, description, change) in enumerate(specs):

@@ -4,7 +4,7 @@ baseline's three runs: test_harness.test_keep_discard_crash_and_status)."""
 import json
 
 import pytest
-from autoresearch import ledger, record
+from autoresearch import ledger, record, tagconfig
 from conftest import cli, sh
 
 
@@ -21,7 +21,7 @@ def head(repo):
 def noisy_champion(repo, tag, values):
     """Baseline rows for HEAD's train.py, written as the harness writes them: a champion whose runs spread so
     widely that any candidate's first run is inside the discard margin and gets confirmation runs."""
-    config = json.loads((repo / ".autoresearch" / "tags" / f"{tag}.json").read_text())
+    config = tagconfig.read(repo / ".autoresearch" / "tags" / f"{tag}.json")
     blob = sh(repo, "git", "rev-parse", "HEAD:train.py")[:12]
     for i, value in enumerate(values):
         ledger.append(repo / "results.tsv", record.make_row(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import ledger, record, recovery
+from autoresearch import ledger, record, recovery, tagconfig
 from conftest import FIXED, STALL_ROOM, cli, compiled_warm, sh, with_cache_counters
 
 def edit_train(repo, pattern, replacement):
@@ -239,7 +239,7 @@ def test_status_during_a_running_loop_changes_nothing_and_a_second_loop_is_refus
 def test_recovery_after_the_row_was_written(repo, env):
     """Killed between appending the row and resetting git: no duplicate row, the branch is reset."""
     assert cli(repo, "setup", "--tag", "late", env=env).returncode == 0
-    config = json.loads((repo / ".autoresearch" / "tags" / "late.json").read_text())
+    config = tagconfig.read(repo / ".autoresearch" / "tags" / "late.json")
     (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# change\n")
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change")
     commit = head(repo)
@@ -250,7 +250,7 @@ def test_recovery_after_the_row_was_written(repo, env):
         {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "processes": []}))
     assert recovery.recover(repo, log=lambda *a: None) is None
     assert [r.run_id for r in rows(repo)] == ["r1"]
-    assert head(repo) == config["base_commit"]
+    assert head(repo) == config.base_commit
 
 
 @pytest.mark.slow
@@ -366,15 +366,19 @@ def test_a_compile_base_is_named_by_what_changes_the_compiled_code():
     """compiled.key: the configuration, the threads per run (inductor's CPU kernels specialize on them), the
     device, and its name and torch (hashed); not the cores alone, which change nothing compiled."""
     from autoresearch import compiled
+
+    def tag(**kw):
+        return tagconfig.Tag("t", "autoresearch/t", "f", 2, "c", **kw)
+
     hw = {"device": "cpu", "name": "AMD EPYC 7B13 (family 25 model 1, avx2)", "cores": 2, "torch": "2.13.0"}
-    two = compiled.key("0123456789ab", {"hardware": hw})  # a sequential tag: the machine's cores
-    assert two.startswith("0123456789ab-cpu-t2-") and compiled.key("0123456789ab", {"hardware": hw, "threads": 2}) == two
-    assert compiled.key("0123456789ab", {"hardware": dict(hw, cores=8), "threads": 2}) == two
-    others = [compiled.key("0123456789ab", {"hardware": hw, "threads": 1}),  # --workers 2 on 2 cores
-              compiled.key("ba9876543210", {"hardware": hw}),
-              compiled.key("0123456789ab", {"hardware": dict(hw, torch="2.14.0")}),
-              compiled.key("0123456789ab", {"hardware": dict(hw, name="Intel Xeon (family 6 model 143, amx)")}),
-              compiled.key("0123456789ab", {"hardware": dict(hw, device="cuda", name="NVIDIA H100")})]
+    two = compiled.key("0123456789ab", tag(hardware=hw))  # a sequential tag: the machine's cores
+    assert two.startswith("0123456789ab-cpu-t2-") and compiled.key("0123456789ab", tag(hardware=hw, threads=2)) == two
+    assert compiled.key("0123456789ab", tag(hardware=dict(hw, cores=8), threads=2)) == two
+    others = [compiled.key("0123456789ab", tag(hardware=hw, threads=1)),  # --workers 2 on 2 cores
+              compiled.key("ba9876543210", tag(hardware=hw)),
+              compiled.key("0123456789ab", tag(hardware=dict(hw, torch="2.14.0"))),
+              compiled.key("0123456789ab", tag(hardware=dict(hw, name="Intel Xeon (family 6 model 143, amx)"))),
+              compiled.key("0123456789ab", tag(hardware=dict(hw, device="cuda", name="NVIDIA H100")))]
     assert len({two, *others}) == 6 and all("/" not in k and "-" in k for k in others)
 
 

@@ -164,7 +164,7 @@ for name in ("train_00000.tokens.npy", "val.offsets.npy"):
 
 def test_editing_the_data_in_place_is_refused_and_blocks_later_runs(repo, env, own_cache):
     out, row = run_attack(repo, env, attack(prelude=EDIT_DATA))
-    assert row.status == "refused" and "prepared data or prepare.py changed during the run" in row.description
+    assert row.status == "refused" and "the prepared data, prepare.py or runtime.py changed during the run" in row.description
     assert not data_intact(own_cache)
     (repo / "train.py").write_text(attack())
     later = cli(repo, "run", "-m", "honest", env=env)

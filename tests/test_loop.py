@@ -61,7 +61,7 @@ def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tm
         head = sh(repo, "git", "rev-parse", "HEAD")
         ledger.append(repo / "results.tsv", record.make_row(config, head, description, f"r{i}", "discard", val_bpb=3.0 + i / 100,
                                                       memory_gb=0.1, steps=5, wall=10.0, seed=42))
-        sh(repo, "git", "reset", "-q", "--hard", config["base_commit"])
+        sh(repo, "git", "reset", "-q", "--hard", config.base_commit)
     study = TPEProposer(repo, "p", "cpu", seq_len=32)
     study.sync()
     assert len([t for t in study.study.get_trials() if t.state.name == "COMPLETE"]) == 12

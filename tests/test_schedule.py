@@ -207,7 +207,7 @@ def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
     config = tags.setup(repo, "night", sandbox_mode="off")
     # a harness killed during the first baseline run: not the baseline's failure, in either loop
     ledger.append(state.results(repo), record.interrupted_row(
-        config, {"run_id": "killed", "parent": config["base_commit"], "description": "baseline"}, "harness died"))
+        config, {"run_id": "killed", "parent": config.base_commit, "description": "baseline"}, "harness died"))
     args = argparse.Namespace(agent=f"{sys.executable} {agent}", agent_timeout=60, tag="night", sandbox="off",
                               decision=None, max_experiments=6, hours=None, workers=1, threads=1, ray_address=None)
     if parallel:
