@@ -21,12 +21,8 @@ import secrets
 import uuid
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from autoresearch.errors import HarnessError
-
-if TYPE_CHECKING:
-    from autoresearch.tagconfig import Tag
 
 LIMIT_BYTES = 3072   # what train.py may carry beyond its tag's base, compressed (zlib, the base as dictionary)
 WINDOW = 32768       # zlib's dictionary: the base's last 32 KB
@@ -57,8 +53,8 @@ def new_draw() -> str:
     return draw_id
 
 
-def draw(config: Tag) -> int | None:
-    """The tag's secret draw (None: a tag from before draws, scored on the splits' first rows). A parallel
+def draw(config) -> int | None:
+    """The tag's (a tagconfig.Tag, which imports this module for its default limit) secret draw (None: a tag from before draws, scored on the splits' first rows). A parallel
     loop's driver hands it to its workers in their copy of the tag (config.draw); nothing writes it into
     the repository."""
     if config.draw is not None:
@@ -74,7 +70,7 @@ def draw(config: Tag) -> int | None:
                            "(`autoresearch setup --tag NEW`).") from None
 
 
-def problem(raw: bytes, config: Tag, base: bytes) -> str | None:
+def problem(raw: bytes, config, base: bytes) -> str | None:
     """Why train.py's bytes may not run under this tag, or None: over its size limit, or carrying more than its
     limit beyond its base. Checked before a run and again on the bytes the training is given (execute.py)."""
     if len(raw) > config.max_train_bytes:

@@ -5,6 +5,9 @@ import random
 
 import runtime
 from autoresearch import prune
+from autoresearch.tagconfig import Tag
+
+TAG = Tag("t", "autoresearch/t", "f", 100, "c")  # a tag with a 100 s budget
 
 BUDGET = 100.0
 
@@ -92,9 +95,9 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
     rows = [ledger.Row(commit="abc1234", val_bpb=2.0, memory_gb=0.0, status="keep", description="baseline",
                        tag="t", run_id=f"r{i}", time="", budget_s=100, steps=1, wall_s=1.0, fingerprint="f",
                        config="cfg", seed=42 + i) for i in range(3)]
-    assert run.pruning(tmp_path, {"budget_s": 100}, [], "stat", True) is None  # no champion yet
-    assert run.pruning(tmp_path, {"budget_s": 100}, rows, "stat", False) is None  # a confirmation or a baseline
-    assert run.pruning(tmp_path, {"budget_s": 100}, rows, "naive", True) is None
+    assert run.pruning(tmp_path, TAG, [], "stat", True) is None  # no champion yet
+    assert run.pruning(tmp_path, TAG, rows, "stat", False) is None  # a confirmation or a baseline
+    assert run.pruning(tmp_path, TAG, rows, "naive", True) is None
     rng = random.Random(2)
     for i in range(3):  # the champion's logs, where the driver keeps them
         (tmp_path / f"r{i}").mkdir()
@@ -102,7 +105,7 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
             runtime.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in run_curve(3.0, rng)))
     from unittest import mock
     with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path):
-        ref = run.pruning(tmp_path, {"budget_s": 100}, rows, "stat", True)
+        ref = run.pruning(tmp_path, TAG, rows, "stat", True)
     assert ref is not None and len(ref.champion) == 3
     shipped = prune.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
     hopeless = "step=   70 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=70s | epoch=1"
