@@ -3,7 +3,7 @@
 The checks come in this order, each a refusal (the run broke a rule) or a crash (it failed): files outside the
 run directory and the fixed half as they were (guard.py), the exit status and the hard timeout, FAST_FAIL, the
 result file against the contract's schema, the budget, the seed and the time outside the budget; then the
-harness's own evaluation of the exported model (evaluate.py), whose val_bpb is the one recorded. Nothing here
+harness's own evaluation of the exported model (evaluator/), whose val_bpb is the one recorded. Nothing here
 writes the ledger or moves the branch: `autoresearch run` (run.py) and a parallel worker (worker.py) both call
 execute, and record.py turns what it returns into a row.
 """
@@ -15,8 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import compiled, evaluate, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
+from autoresearch import compiled, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
+from autoresearch.evaluator import harness, scoring
+from autoresearch.evaluator.request import Request
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
 
@@ -54,9 +56,9 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
     watch = guard.Guard(repo, exclude=[run_dir, pending_path])
     timeout = min(timeout or config.get("timeout_s") or tags.default_timeout(budget, clock),
                   config.get("timeout_s") or float("inf"))
-    # Under bubblewrap the evaluator imports torch while train.py starts (evaluate.Evaluator says why that is safe
+    # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    with contextlib.closing(evaluate.Evaluator(fixed_half.source, fixed_half.cache, out, protection)) as evaluator:
+    with contextlib.closing(harness.Evaluator(fixed_half.source, fixed_half.cache, out, protection)) as evaluator:
         try:
             training = supervise.run_training(repo, run_dir, seed, timeout, pending, pending_path, view, wrap,
                                               on_progress, clock, threads, [evaluator.proc.pid] if evaluator.proc
@@ -135,9 +137,9 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
                 state.fault_point("evaluating")
                 state.fault_point(f"evaluating-run-{run_no}")  # the n-th run of a series
 
-            request = evaluate.Request(str(out), result["dtype"], result["device"], result["check_bpb"],
-                                       test_threshold if test_threshold is not None else float("inf"),
-                                       draw=heldout.draw(config))
+            request = Request(str(out), result["dtype"], result["device"], result["check_bpb"],
+                              test_threshold if test_threshold is not None else float("inf"),
+                              draw=heldout.draw(config))
             evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
             evaluation["outside_s"] = round(took - budget, 3)
             evaluation["allowance_s"] = allowance
@@ -146,7 +148,7 @@ def execute(repo: Path, config: dict, run_dir: Path, seed: int, pending: dict, p
             elif "error" in evaluation:
                 crash = evaluation["error"]
             elif result.get("val_bpb") is not None and abs(result["val_bpb"] - evaluation["val_bpb"]) > \
-                    evaluate.CHECK_TOLERANCE[result["dtype"]]:
+                    scoring.CHECK_TOLERANCE[result["dtype"]]:
                 refusal = (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
                            f"{evaluation['val_bpb']:.6f}")
             state.atomic_json(run_dir / state.EVALUATION, evaluation)

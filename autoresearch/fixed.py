@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import evaluate, git, sandbox
+from autoresearch import git, sandbox
 from autoresearch.errors import HarnessError
+from autoresearch.evaluator import safe_read
 
 
 RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss")  # what the harness reads of it
@@ -101,10 +102,10 @@ def read_result(run_dir: Path) -> tuple[dict | None, str]:
     prepare = contract()
     path = run_dir / sandbox.OUT_DIR / prepare.RESULT_FILE
     try:
-        result = json.loads(evaluate.read_regular(path, evaluate.RESULT_LIMIT))
+        result = json.loads(safe_read.read_regular(path, safe_read.RESULT_LIMIT))
     except FileNotFoundError:
         return None, "no result.json (train.py must end with prepare.finish)"
-    except evaluate.Unsafe as e:
+    except safe_read.Unsafe as e:
         return None, str(e)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         return None, f"result.json is not valid JSON ({e})"
