@@ -770,7 +770,7 @@ ATTACKS = [
     # being finite (or compare positions 0 .. j-1 for j up to T, i.e. include j = T as "no change").
     Attack("nan-last-position", "NaN logits at the last position (which no probe compares) of every row but the "
            "check rows: val_bpb NaN", lambda c: attack(init=NAN_LAST_INIT, forward=NAN_LAST_FORWARD), "crash",
-           "not finite", "a score that is not finite is a crash (evaluate.finite)",
+           "not finite", "a score that is not finite is a crash (evaluator/scoring.py, finite)",
            setup=("--decision", "naive")),
     # Won on 0f381c3 (caught since) (no sandbox, cpu clock): 40 s of CPU (72 s of wall) on a 2 s budget, recorded keep with
     # outside_s between -1.9 and 8.0 (allowance 10.2) in three runs. Fix: count the CPU of every process the
