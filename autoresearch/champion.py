@@ -2,7 +2,7 @@
 (`autoresearch sample`).
 
 The exported model is the one the harness scored: model.graph.json and model.safetensors in the kept run's out/.
-It is loaded the way the evaluator loads it (evaluate.load_program: the graph is checked and rebuilt before torch
+It is loaded the way the evaluator loads it (evaluator/load.py: the graph is checked and rebuilt before torch
 reads it, and nothing the run wrote is executed), so sampling a model is as safe as scoring it.
 """
 
@@ -62,8 +62,8 @@ def best(repo: Path) -> str:
         lines += [f"  exported model: {out / prepare.GRAPH_FILE} + {prepare.TENSORS_FILE}",
                   "  sample from it: autoresearch sample --prompt 'Once upon a time'",
                   "  load it in Python (checked the way the harness scores it):",
-                  "    import prepare; from autoresearch import evaluate",
-                  f"    model, (batch, seq_len) = evaluate.load_program(prepare, Path({str(out)!r}), 'cpu')",
+                  "    import prepare; from autoresearch.evaluator.load import load_program",
+                  f"    model, (batch, seq_len) = load_program(prepare, Path({str(out)!r}), 'cpu')",
                   "    logits = model(tokens)  # tokens: int64 (batch, seq_len)"]
     else:
         lines.append("  exported model: not on this machine (removed by `autoresearch clean`, rows from another "
@@ -90,7 +90,7 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     import prepare
     import torch
 
-    from autoresearch import evaluate
+    from autoresearch.evaluator import load, safe_read, verdicts
     if tokens < 1 or not temperature >= 0:
         raise errors.HarnessError("--tokens must be at least 1 and --temperature at least 0 (0: the likeliest token).")
     config = tags.load_tag(repo)
@@ -109,13 +109,13 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     if not (out / prepare.GRAPH_FILE).is_file():
         raise errors.HarnessError(f"run {run_id} has no exported model in {out} (only kept runs keep theirs).")
     try:
-        result = json.loads(evaluate.read_regular(out / prepare.RESULT_FILE, evaluate.RESULT_LIMIT))
-    except (OSError, ValueError, evaluate.Unsafe) as e:
+        result = json.loads(safe_read.read_regular(out / prepare.RESULT_FILE, safe_read.RESULT_LIMIT))
+    except (OSError, ValueError, safe_read.Unsafe) as e:
         raise errors.HarnessError(f"run {run_id} has no readable {prepare.RESULT_FILE} ({e}).") from None
     device = result["device"] if result["device"] == "cpu" or torch.cuda.is_available() else "cpu"
     try:
-        module, shape = evaluate.load_program(prepare, out, device)
-    except (evaluate.Refused, evaluate.Broken) as e:
+        module, shape = load.load_program(prepare, out, device)
+    except (verdicts.Refused, verdicts.Broken) as e:
         raise errors.HarnessError(f"run {run_id}'s model cannot be loaded: {e}") from None
     batch, seq_len = shape
     tok = prepare.Tokenizer.from_directory()

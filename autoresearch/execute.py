@@ -3,7 +3,7 @@
 The checks come in this order, each a refusal (the run broke a rule) or a crash (it failed): files outside the
 run directory and the fixed half as they were (guard.py), the exit status and the hard timeout, FAST_FAIL, the
 result file against the contract's schema, the budget, the seed and the time outside the budget; then the
-harness's own evaluation of the exported model (evaluate.py), whose val_bpb is the one recorded. Nothing here
+harness's own evaluation of the exported model (autoresearch/evaluator), whose val_bpb is the one recorded. Nothing here
 writes the ledger or moves the branch: `autoresearch run` (run.py) and a parallel worker (worker.py) both call
 execute, and record.py turns what it returns into a row.
 """
@@ -16,8 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import compiled, evaluate, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
+from autoresearch import compiled, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
+from autoresearch.evaluator import harness, scoring
+from autoresearch.evaluator.request import Request
 from autoresearch.tagconfig import Tag
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
@@ -137,9 +139,9 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(budget, clock),
                   config.timeout_s or float("inf"))
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
-    # Under bubblewrap the evaluator imports torch while train.py starts (evaluate.Evaluator says why that is safe
+    # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    with contextlib.closing(evaluate.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator:
+    with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator:
         launch = supervise.Launch(
             ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=tags.threads_per_run(config),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
@@ -192,7 +194,7 @@ def integrity(ctx: Context, training: supervise.Training, watch: guard.Guard, co
     return None
 
 
-def evaluated(ctx: Context, attempt: Attempt, evaluator: evaluate.Evaluator, facts: Facts) -> Execution:
+def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, facts: Facts) -> Execution:
     """The harness's own evaluation of the exported model, whose val_bpb is the one recorded."""
     result, pending = facts.result, attempt.pending
 
@@ -203,7 +205,7 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: evaluate.Evaluator, fac
         state.fault_point(f"evaluating-run-{attempt.run_no}")  # the n-th run of a series
 
     threshold = attempt.test_threshold
-    request = evaluate.Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
+    request = Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
                                result["check_bpb"], threshold if threshold is not None else float("inf"),
                                draw=heldout.draw(ctx.config))
     evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
@@ -215,7 +217,7 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: evaluate.Evaluator, fac
     elif "error" in evaluation:
         status, reason = "crash", evaluation["error"]
     elif result.get("val_bpb") is not None and \
-            abs(result["val_bpb"] - evaluation["val_bpb"]) > evaluate.CHECK_TOLERANCE[result["dtype"]]:
+            abs(result["val_bpb"] - evaluation["val_bpb"]) > scoring.CHECK_TOLERANCE[result["dtype"]]:
         status, reason = "refused", (f"train.py reported val_bpb {result['val_bpb']:.6f}, the harness measured "
                                      f"{evaluation['val_bpb']:.6f}")
     state.atomic_json(attempt.run_dir / state.EVALUATION, evaluation)

@@ -14,8 +14,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import checksums, evaluate, git, sandbox, state
+from autoresearch import checksums, git, sandbox, state
 from autoresearch.errors import HarnessError
+from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
 
@@ -156,10 +157,10 @@ def read_result(run_dir: Path) -> tuple[dict | None, str]:
     prepare = contract()
     path = run_dir / sandbox.OUT_DIR / prepare.RESULT_FILE
     try:
-        result = json.loads(evaluate.read_regular(path, evaluate.RESULT_LIMIT))
+        result = json.loads(safe_read.read_regular(path, safe_read.RESULT_LIMIT))
     except FileNotFoundError:
         return None, "no result.json (train.py must end with prepare.finish)"
-    except evaluate.Unsafe as e:
+    except safe_read.Unsafe as e:
         return None, str(e)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         return None, f"result.json is not valid JSON ({e})"

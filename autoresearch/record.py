@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, descriptions, evaluate, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch import decide, descriptions, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
 
@@ -126,8 +127,8 @@ def publish_log(repo: Path, log_path: Path) -> None:
     """The finished run's log as repo/run.log, for agents that follow the public protocol. Read as a regular file
     only: a link left in its place would otherwise copy whatever it points to into the work tree."""
     try:
-        data = evaluate.read_regular(log_path, 4 * supervise.LOG_KEEP)
-    except (OSError, evaluate.Unsafe) as e:
+        data = safe_read.read_regular(log_path, 4 * supervise.LOG_KEEP)
+    except (OSError, safe_read.Unsafe) as e:
         data = f"(the run's log could not be read: {e})\n".encode()
     tmp = state.state_dir(repo) / f".{state.RUN_LOG}.{uuid.uuid4().hex[:8]}.tmp"  # same filesystem, outside the work tree
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)

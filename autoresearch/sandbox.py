@@ -11,7 +11,7 @@ Under bubblewrap (`bwrap`, Linux) each process starts from an empty root that ho
 the system's programs and libraries (/usr, /etc, ...), the Python installation, and then
 - the training: train.py and prepare.py (at their paths in the repository, nothing else of it), its data view,
   the training token files, `out/` writable, the compile cache's private copy writable;
-- the evaluator: its private copy of evaluate.py and the clean prepare.py, the data cache, `out/`, nothing
+- the evaluator: its private copy of the evaluator package and the clean prepare.py, the data cache, `out/`, nothing
   writable (it answers on a pipe);
 - the compile phase: the champion's train.py and prepare.py, a view without any token file, the compile cache
   writable (see compiled.py).
@@ -208,8 +208,8 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
 
 
 def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> list[str]:
-    """The evaluator's sandbox: its private directory (evaluate.py, the clean prepare.py), the data cache and the
-    run's out/, all read-only; it answers on its stdout."""
+    """The evaluator's sandbox: its private directory (its copy of the evaluator package, the clean prepare.py),
+    the data cache and the run's out/, all read-only; it answers on its stdout."""
     args = empty_root()
     for path in (private, cache.resolve(), out):
         args += ["--ro-bind", str(path), str(path)]

@@ -21,16 +21,17 @@ if not (out / "result.json").exists():
 result = json.loads((out / "result.json").read_text())
 spec = importlib.util.spec_from_file_location("old_evaluate", str(OLD))
 old = importlib.util.module_from_spec(spec); spec.loader.exec_module(old)
-from autoresearch import evaluate as new
+from autoresearch.evaluator import harness as new
+from autoresearch.evaluator.request import Request
 src = (root / "prepare.py").read_bytes()
 sources = {n: (root / n).read_bytes() for n in ("prepare.py", "runtime.py")}
 dt = result["dtype"]
 a = old.run_evaluation(src, out, dt, "cpu", result["check_bpb"], float("inf"), cache, timeout=900)
-b = new.run_evaluation(sources, cache, new.Request(str(out), dt, "cpu", result["check_bpb"]), 900)
+b = new.run_evaluation(sources, cache, Request(str(out), dt, "cpu", result["check_bpb"]), 900)
 walls = {"old": [], "new": []}
 for _ in range(3):
     t = time.time(); old.run_evaluation(src, out, dt, "cpu", result["check_bpb"], 0.0, cache, timeout=900); walls["old"].append(time.time() - t)
-    t = time.time(); new.run_evaluation(src, cache, new.Request(str(out), dt, "cpu", result["check_bpb"], 0.0), 900); walls["new"].append(time.time() - t)
+    t = time.time(); new.run_evaluation(src, cache, Request(str(out), dt, "cpu", result["check_bpb"], 0.0), 900); walls["new"].append(time.time() - t)
 print(json.dumps({"dtype": dt,
                   "old": {k: a.get(k) for k in ("val_bpb", "test_bpb", "check_bpb", "causal_probes", "seconds")},
                   "new": {k: b.get(k) for k in ("val_bpb", "test_bpb", "check_bpb", "causal_probes", "audited", "causal_seconds", "seconds")},

@@ -47,13 +47,13 @@ def loop(repo: Path, env: dict, n: int) -> subprocess.Popen:
 
 
 def orphans(repo: Path) -> list[int]:
-    """Training processes (train.py run in the clone) and evaluators (a private copy of evaluate.py) still alive."""
+    """Training processes (train.py run in the clone) and evaluators (a private copy of the evaluator) still alive."""
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = p.info["cmdline"] or []
             training = p.info["cwd"] == str(repo) and cmd and "train.py" in cmd[-1]
-            evaluator = any("autoresearch-eval-" in c and c.endswith("evaluate.py") for c in cmd)  # its private copy
+            evaluator = any("autoresearch-eval-" in c and c.endswith("__main__.py") for c in cmd)  # its private copy
             if training or evaluator:
                 found.append(p.pid)
         except (psutil.Error, TypeError):

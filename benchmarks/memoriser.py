@@ -79,8 +79,8 @@ def lookup_gain(model_dir: Path, draws: int) -> dict:
     import prepare
     import torch
 
-    from autoresearch import evaluate
-    module, shape = evaluate.load_program(prepare, model_dir, "cpu")
+    from autoresearch.evaluator.load import load_program
+    module, shape = load_program(prepare, model_dir, "cpu")
     tokens = prepare.evaluation_rows("val").reshape(-1)
     source, n = memoriser_source((ROOT / "train.py").read_text())
     namespace = {"torch": torch}

@@ -288,7 +288,7 @@ def _feed(model, stats, batch_size):
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-            if b"evaluate.py" in cmd and ppid == os.getppid():  # its own harness's evaluator, no other's
+            if b"autoresearch-eval-" in cmd and ppid == os.getppid():  # its own harness's evaluator, no other's
                 with open(f"/proc/{pid}/fd/0", "w") as f:
                     f.write(line)
                 print("FED", pid, cmd[:200], flush=True)
@@ -770,7 +770,7 @@ ATTACKS = [
     # being finite (or compare positions 0 .. j-1 for j up to T, i.e. include j = T as "no change").
     Attack("nan-last-position", "NaN logits at the last position (which no probe compares) of every row but the "
            "check rows: val_bpb NaN", lambda c: attack(init=NAN_LAST_INIT, forward=NAN_LAST_FORWARD), "crash",
-           "not finite", "a score that is not finite is a crash (evaluate.finite)",
+           "not finite", "a score that is not finite is a crash (evaluator/scoring.py, finite)",
            setup=("--decision", "naive")),
     # Won on 0f381c3 (caught since) (no sandbox, cpu clock): 40 s of CPU (72 s of wall) on a 2 s budget, recorded keep with
     # outside_s between -1.9 and 8.0 (allowance 10.2) in three runs. Fix: count the CPU of every process the

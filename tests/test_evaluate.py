@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from autoresearch import evaluate
+from autoresearch.evaluator.graph import sanitize_graph
+from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES, CPU_CAUSAL_TOLERANCE, CausalProbes, token_nats
+from autoresearch.evaluator.request import Request, parse
+from autoresearch.evaluator.verdicts import Broken, Refused
 from conftest import ROOT
 
 
@@ -42,7 +45,7 @@ def exported():
 def load(raw: bytes, program):
     """What the evaluator does with a graph file: validate and rebuild it, then deserialize and run it."""
     from torch._export.serde.serialize import SerializedArtifact, deserialize
-    clean = evaluate.sanitize_graph(raw)
+    clean = sanitize_graph(raw)
     state = {k: torch.nn.Parameter(v.detach(), requires_grad=False) for k, v in program.state_dict.items()}
     module = deserialize(SerializedArtifact(clean, state, dict(program.constants), None)).module()
     return module(torch.zeros(2, 16, dtype=torch.long))
@@ -53,7 +56,7 @@ def test_an_honest_export_loads_and_computes_what_the_model_does(exported):
     x = torch.randint(0, 64, (2, 16))
     from torch._export.serde.serialize import SerializedArtifact, deserialize
     state = {k: torch.nn.Parameter(v.detach(), requires_grad=False) for k, v in program.state_dict.items()}
-    module = deserialize(SerializedArtifact(evaluate.sanitize_graph(raw), state, dict(program.constants), None)).module()
+    module = deserialize(SerializedArtifact(sanitize_graph(raw), state, dict(program.constants), None)).module()
     assert torch.equal(module(x), model(x))
 
 
@@ -105,7 +108,7 @@ def test_fuzz_every_string_of_a_real_graph_replaced_by_code_runs_nothing(exporte
                      for i, p in enumerate(path)), is_key
 
     kinds = {kind(path, is_key): (path, is_key) for path, is_key in places}
-    clean = evaluate.sanitize_graph(raw)
+    clean = sanitize_graph(raw)
     outcomes = {"refused": 0, "dropped": 0, "loaded": 0}
     # Every field (a kind of place: a path with its list indices folded) with every payload, and one place in
     # twelve besides with the payload that sympy and eval both run (all 3,700 take a minute on 2 cores).
@@ -117,8 +120,8 @@ def test_fuzz_every_string_of_a_real_graph_replaced_by_code_runs_nothing(exporte
         for payload in payloads if first else payloads[:1]:
             poisoned = replaced(doc, path, is_key, payload)
             try:
-                rebuilt = evaluate.sanitize_graph(poisoned)
-            except (evaluate.Refused, evaluate.Broken):
+                rebuilt = sanitize_graph(poisoned)
+            except (Refused, Broken):
                 outcomes["refused"] += 1
                 continue
             if rebuilt == clean:  # the payload did not survive: torch gets exactly the honest document
@@ -143,7 +146,7 @@ def test_symbolic_sizes_and_range_constraints_are_refused_before_torch_sees_them
     name = next(iter(doc["graph_module"]["graph"]["tensor_values"]))
     doc["graph_module"]["graph"]["tensor_values"][name]["sizes"][0] = {"as_expr": {"expr_str": code,
                                                                                  "hint": {"as_int": 2}}}
-    with pytest.raises(evaluate.Refused, match="not of the accepted form"):
+    with pytest.raises(Refused, match="not of the accepted form"):
         load(json.dumps(doc).encode(), program)
     doc = json.loads(raw)
     doc["range_constraints"] = {"s0": {"min_val": 1, "max_val": code}}
@@ -160,8 +163,8 @@ def test_operators_off_the_list_are_refused(exported, target):
     raw, _, program = exported
     doc = json.loads(raw)
     doc["graph_module"]["graph"]["nodes"][0]["target"] = target
-    with pytest.raises(evaluate.Refused, match="is not allowed"):
-        evaluate.sanitize_graph(json.dumps(doc).encode())
+    with pytest.raises(Refused, match="is not allowed"):
+        sanitize_graph(json.dumps(doc).encode())
 
 
 def cheats_at(prefix: np.ndarray, fraction: float) -> bool:
@@ -194,16 +197,16 @@ def test_the_probes_catch_a_model_that_reads_the_future_at_a_fraction_of_positio
     f = np.mean([cheats_at(rows[r, :t + 1], fraction) for r in range(40) for t in range(15)])
     probes, caught, trials = 100, 0, 60
     for trial in range(trials):
-        p = evaluate.CausalProbes(rows, 8, 50, np.random.default_rng(1000 + trial), probes)
+        p = CausalProbes(rows, 8, 50, np.random.default_rng(1000 + trial), probes)
         for i in range(0, rows.shape[0], 8):
             p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
         try:
             p.check(forward, 1e-5)
-        except evaluate.Refused:
+        except Refused:
             caught += 1
     expected = 1 - (1 - f) ** probes
     assert abs(caught / trials - expected) < 4 * math.sqrt(expected * (1 - expected) / trials) + 0.05, (caught, expected)
-    assert 1 - (1 - 0.01) ** evaluate.CAUSAL_PROBES >= 0.99 > 1 - (1 - 0.01) ** (evaluate.CAUSAL_PROBES - 1)
+    assert 1 - (1 - 0.01) ** CAUSAL_PROBES >= 0.99 > 1 - (1 - 0.01) ** (CAUSAL_PROBES - 1)
 
 
 def test_an_honest_model_passes_every_probe():
@@ -215,20 +218,20 @@ def test_an_honest_model_passes_every_probe():
         e = emb[x]
         return e.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
 
-    p = evaluate.CausalProbes(rows, 8, 50, rng, evaluate.CAUSAL_PROBES)
+    p = CausalProbes(rows, 8, 50, rng, CAUSAL_PROBES)
     for i in range(0, rows.shape[0], 8):
         p.record(forward(torch.from_numpy(rows[i:i + 8, :-1])))
-    assert p.check(forward, 1e-5) == min(evaluate.CAUSAL_PROBES, 24 * 15)  # each (row, j) once when fewer
+    assert p.check(forward, 1e-5) == min(CAUSAL_PROBES, 24 * 15)  # each (row, j) once when fewer
 
 
-def probed(forward, rows, vocab, probes=evaluate.CAUSAL_PROBES, seed=3):
+def probed(forward, rows, vocab, probes=CAUSAL_PROBES, seed=3):
     """The scoring pass, then the probes, as evaluate() runs them: the number of probes run, or Refused."""
-    p = evaluate.CausalProbes(rows, 8, vocab, np.random.default_rng(seed), probes)
+    p = CausalProbes(rows, 8, vocab, np.random.default_rng(seed), probes)
     for i in range(0, rows.shape[0], 8):
         x = torch.from_numpy(rows[i:i + 8, :-1])
         n = x.shape[0]
         p.record(forward(x[torch.arange(8) % n]))
-    return p.check(forward, evaluate.CPU_CAUSAL_TOLERANCE)
+    return p.check(forward, CPU_CAUSAL_TOLERANCE)
 
 
 def test_a_constant_on_one_position_widens_nothing():
@@ -242,13 +245,13 @@ def test_a_constant_on_one_position_widens_nothing():
         first = (torch.arange(x.shape[1]) == 0).float()[None, :, None] * 2.0 ** 20
         return emb[x] + 40 * eye[x.roll(-1, dims=1)] + first
 
-    with pytest.raises(evaluate.Refused, match="not causal"):
+    with pytest.raises(Refused, match="not causal"):
         probed(cheat, rows, 50)
 
     def honest_but_huge(x):  # the same constant on an honest model: every probe passes
         return emb[x].cumsum(1) + (torch.arange(x.shape[1]) == 0).float()[None, :, None] * 2.0 ** 20
 
-    assert probed(honest_but_huge, rows, 50) == min(evaluate.CAUSAL_PROBES, 24 * 15)
+    assert probed(honest_but_huge, rows, 50) == min(CAUSAL_PROBES, 24 * 15)
 
 
 def test_a_cheat_below_the_tolerance_gains_less_than_it_per_token():
@@ -256,7 +259,7 @@ def test_a_cheat_below_the_tolerance_gains_less_than_it_per_token():
     tolerance at every position passes, and gains at most that many nats per token."""
     rows = np.random.default_rng(4).integers(0, 50, size=(16, 17))
     emb, eye = torch.randn(50, 50), torch.eye(50)
-    nudge = 0.5 * evaluate.CPU_CAUSAL_TOLERANCE
+    nudge = 0.5 * CPU_CAUSAL_TOLERANCE
 
     def honest(x):
         return emb[x].cumsum(1)
@@ -266,8 +269,8 @@ def test_a_cheat_below_the_tolerance_gains_less_than_it_per_token():
 
     assert probed(nudged, rows, 50, probes=200) == 200
     x, y = torch.from_numpy(rows[:, :-1]), torch.from_numpy(rows[:, 1:])
-    gain = (evaluate.token_nats(honest(x), y) - evaluate.token_nats(nudged(x), y)).max().item()
-    assert 0 < gain <= evaluate.CPU_CAUSAL_TOLERANCE
+    gain = (token_nats(honest(x), y) - token_nats(nudged(x), y)).max().item()
+    assert 0 < gain <= CPU_CAUSAL_TOLERANCE
 
 
 def test_an_exported_gpt_under_bf16_autocast_drifts_by_exactly_zero(exported):
@@ -278,23 +281,55 @@ def test_an_exported_gpt_under_bf16_autocast_drifts_by_exactly_zero(exported):
     x = torch.from_numpy(rows[:, :-1])
     for dtype in (torch.float32, torch.bfloat16):
         with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
-            before = evaluate.token_nats(model(x), torch.from_numpy(rows[:, 1:]))
+            before = token_nats(model(x), torch.from_numpy(rows[:, 1:]))
             changed = x.clone()
             changed[:, 9:] = (changed[:, 9:] + 1) % 64
-            after = evaluate.token_nats(model(changed), torch.from_numpy(rows[:, 1:]))
+            after = token_nats(model(changed), torch.from_numpy(rows[:, 1:]))
         assert torch.equal(before[:, :9], after[:, :9]), dtype
 
 
 def test_the_audit_counts_catch_what_the_docs_say():
-    assert 1 - (1 - 0.001) ** evaluate.AUDIT_PROBES >= 0.99 > 1 - (1 - 0.001) ** (evaluate.AUDIT_PROBES - 1)
+    assert 1 - (1 - 0.001) ** AUDIT_PROBES >= 0.99 > 1 - (1 - 0.001) ** (AUDIT_PROBES - 1)
 
 
 def test_the_request_is_the_evaluators_whole_input():
     """The evaluator reads its arguments from its command line alone (no stdin a training could write), and
     they come back as the harness sent them."""
-    request = evaluate.Request("/r/out", "bfloat16", "cpu", 1.25, float("inf"), 7, 70)
-    assert evaluate.parse(["--prepare-dir", "/p", *request.argv()])[1] == evaluate.Request(
+    request = Request("/r/out", "bfloat16", "cpu", 1.25, float("inf"), 7, 70)
+    assert parse(["--prepare-dir", "/p", *request.argv()])[1] == Request(
         "/r/out", "bfloat16", "cpu", 1.25, 1e308, 7, 70)
+
+
+def test_the_script_is_a_copy_of_the_package_that_imports_nothing_else(tmp_path):
+    """The script runs from a private copy of the package (harness.copy_script) under `python -I -B`: every
+    module but the harness's side, as source alone (no __pycache__, none written), and those modules import one
+    another and nothing else of autoresearch, never the harness's side (which is not there to import)."""
+    import ast
+    import subprocess
+    import sys
+
+    from autoresearch.evaluator import harness
+    copy = harness.copy_script(tmp_path)
+    package = Path(harness.__file__).parent
+    assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in package.glob("*.py")
+                                                            if p.name != "harness.py")
+    assert {"__main__.py", "script.py", "safe_read.py"} <= {p.name for p in copy.iterdir()}
+    for path in copy.iterdir():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                assert node.level in (0, 1) and "harness" not in names, (path.name, names)
+                assert node.level or not names[0].startswith("autoresearch"), (path.name, names)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("autoresearch") for a in node.names), path.name
+    (tmp_path / "fixed").mkdir()
+    (tmp_path / "fixed" / "prepare.py").write_bytes((ROOT / "prepare.py").read_bytes())
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run([sys.executable, "-I", "-B", str(copy / "__main__.py"), "--prepare-dir",
+                           str(tmp_path / "fixed"), *Request(str(tmp_path / "out"), "float32", "cpu", 1.0).argv()],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and "no exported model" in json.loads(proc.stdout)["error"], proc.stderr[-2000:]
+    assert not list(tmp_path.rglob("__pycache__"))
 
 
 def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
@@ -310,9 +345,10 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
     if not base.exists() or subprocess.run([str(base), "-c", "import torch"], capture_output=True).returncode == 0:
         pytest.skip("needs a base Python without torch (a venv's base): here the packages are the interpreter's own")
     packages = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
-    code = ("import json, sys; from pathlib import Path; from autoresearch import evaluate; "
-            "r = evaluate.Request(sys.argv[1], 'float32', 'cpu', 1.0); "
-            "print(json.dumps(evaluate.run_evaluation({n: (Path(sys.argv[2]) / n).read_bytes() "
+    code = ("import json, sys; from pathlib import Path; from autoresearch.evaluator.harness import run_evaluation; "
+            "from autoresearch.evaluator.request import Request; "
+            "r = Request(sys.argv[1], 'float32', 'cpu', 1.0); "
+            "print(json.dumps(run_evaluation({n: (Path(sys.argv[2]) / n).read_bytes() "
             "for n in ('prepare.py', 'runtime.py')}, "
             "Path(sys.argv[1]), r, 120)))")
     proc = subprocess.run([str(base), "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
@@ -332,6 +368,6 @@ def test_probes_past_the_number_of_positions_check_each_position_once():
         hit = (x[:, :1] == int(rows[5, 0])).float()[:, :, None] * (torch.arange(x.shape[1]) == 3).float()[None, :, None]
         return out + 40 * hit * eye[x.roll(-1, dims=1)]
 
-    assert probed(lambda x: emb[x].cumsum(1), rows, 50, probes=evaluate.AUDIT_PROBES) == 16 * 7
-    with pytest.raises(evaluate.Refused, match="not causal"):
-        probed(one_cheat, rows, 50, probes=evaluate.AUDIT_PROBES)
+    assert probed(lambda x: emb[x].cumsum(1), rows, 50, probes=AUDIT_PROBES) == 16 * 7
+    with pytest.raises(Refused, match="not causal"):
+        probed(one_cheat, rows, 50, probes=AUDIT_PROBES)

@@ -255,19 +255,28 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
 
 
 def package_imports() -> dict[str, set[str]]:
-    """module -> the package's modules it imports, at the top or inside a function."""
+    """module -> the package's modules it imports, at the top or inside a function. A subpackage's modules are
+    named from the package down (evaluator.graph; evaluator, its __init__), relative imports included."""
     import ast
     from pathlib import Path
-    modules = {p.stem: p for p in (Path(__file__).parent.parent / "autoresearch").glob("*.py")}
+    root = Path(__file__).parent.parent / "autoresearch"
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in root.rglob("*.py")}
     graph = {}
     for name, path in modules.items():
+        package = name.rsplit(".", 1)[0] if "." in name else ""
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "autoresearch":
-                deps |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("autoresearch."):
-                deps.add(node.module.split(".")[1])
-        graph[name] = deps & set(modules)
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:  # from .x import y, from . import x: within the module's own package
+                base = ".".join(filter(None, [package, node.module]))
+            elif node.module == "autoresearch" or (node.module or "").startswith("autoresearch."):
+                base = node.module.removeprefix("autoresearch").lstrip(".")
+            else:
+                continue
+            deps |= {".".join(filter(None, [base, a.name])) for a in node.names} | {base}
+        graph[name] = deps & (set(modules) - {name})
     return graph
 
 
@@ -291,9 +300,9 @@ def test_the_package_has_no_import_cycle():
 def test_no_module_uses_another_modules_private_names():
     from pathlib import Path
     root = Path(__file__).parent.parent
-    names = "|".join(package_imports())
+    names = "|".join(sorted({re.escape(n.rsplit(".", 1)[-1]) for n in package_imports()}))
     found = []
-    for path in [*(root / "autoresearch").glob("*.py"), *(root / "tests").glob("*.py"), *(root / "benchmarks").glob("*.py")]:
+    for path in [*(root / "autoresearch").rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "benchmarks").glob("*.py")]:
         for n, text in enumerate(path.read_text().splitlines(), 1):
             if re.search(rf"(?<![\w.])({names})\._[a-z]", text):
                 found.append(f"{path.relative_to(root)}:{n}: {text.strip()}")
