@@ -15,6 +15,7 @@ import torch
 from autoresearch.evaluator.graph import sanitize_graph
 from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES, CPU_CAUSAL_TOLERANCE, CausalProbes, token_nats
 from autoresearch.evaluator.request import Request, parse
+from autoresearch.state import FIXED
 from autoresearch.evaluator.verdicts import Broken, Refused
 from conftest import ROOT
 
@@ -323,7 +324,8 @@ def test_the_script_is_a_copy_of_the_package_that_imports_nothing_else(tmp_path)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("autoresearch") for a in node.names), path.name
     (tmp_path / "fixed").mkdir()
-    (tmp_path / "fixed" / "prepare.py").write_bytes((ROOT / "prepare.py").read_bytes())
+    for name in FIXED:
+        (tmp_path / "fixed" / name).write_bytes((ROOT / name).read_bytes())
     (tmp_path / "out").mkdir()
     proc = subprocess.run([sys.executable, "-I", "-B", str(copy / "__main__.py"), "--prepare-dir",
                            str(tmp_path / "fixed"), *Request(str(tmp_path / "out"), "float32", "cpu", 1.0).argv()],
