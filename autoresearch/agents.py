@@ -1,7 +1,7 @@
 """External coding agents (Claude Code, Codex, aider, or any command line) as proposers for the loop.
 
 The harness builds the prompt, runs the agent with its own timeout in the repository (under bubblewrap where it
-works, without access to the validation and test files: sandbox.wrap_agent), and afterwards makes sure only
+works, without access to the validation and test files: confine.wrap_agent), and afterwards makes sure only
 train.py changed: anything else is put back and the violation goes into the row's description.
 """
 
@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from autoresearch import descriptions, git, guard, ledger, proposer, sandbox, state
+from autoresearch import confine, descriptions, git, guard, ledger, proposer, sandbox, state
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -117,9 +117,9 @@ class ExternalAgent:
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
-        if self.confined():  # no validation or test tokens within its reach (sandbox.wrap_agent)
+        if self.confined():  # no validation or test tokens within its reach (confine.wrap_agent)
             import prepare
-            argv = sandbox.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest(),
+            argv = confine.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest(),
                                       private=self.private)
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either

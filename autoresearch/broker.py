@@ -1,9 +1,9 @@
 """`autoresearch agent`: any agent a user starts by hand (Claude Code, Codex, aider, a shell), confined the way
-the loop's agent is (sandbox.wrap_agent), with the harness's commands still working from inside.
+the loop's agent is (confine.wrap_agent), with the harness's commands still working from inside.
 
 The agent cannot run an experiment itself: it sees no validation or test rows, and the harness's state, code and
 repository are read-only to it. So the harness keeps a broker outside the sandbox, a Unix socket in a private
-directory bound into it (sandbox.BROKER_DIR). Inside, `autoresearch run/wait/status/best/...` finds BROKER_ENV
+directory bound into it (confine.BROKER_DIR). Inside, `autoresearch run/wait/status/best/...` finds BROKER_ENV
 and sends its arguments there (forward); outside, the broker checks them against BROKERED and runs the command as
 the user's own harness process in the repository, under the harness's training sandbox, and streams its output
 back. What the agent controls is train.py's text and the arguments of those commands, nothing the harness
@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import errors, sandbox
+from autoresearch import confine, errors, sandbox
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -81,7 +81,7 @@ def check(argv: list[str], repo: Path, parser: argparse.ArgumentParser) -> list[
                               "check out their branch, or continue this tag.")
         given["sandbox"] = "on"
     if args.command == "run":
-        protection = tags.load_tag(repo).get("protection")
+        protection = tags.load_tag(repo).protection
         if protection != "bwrap":
             raise BrokerError(f"this tag's runs have protection {protection!r}: an agent in `autoresearch agent` "
                               "runs experiments only on a tag set up under bubblewrap (`autoresearch setup --tag "
@@ -191,7 +191,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     if shutil.which(command[0]) is None:
         raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
     for w in writable:
-        problem = sandbox.allow_problem(Path(w), repo, prepare.cache_dir()) or (
+        problem = confine.allow_problem(Path(w), repo, prepare.cache_dir()) or (
             None if Path(w).exists() else f"--allow {w}: no such file or directory")
         if problem:
             raise errors.HarnessError(problem)
@@ -199,9 +199,9 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     try:
         private = broker.dir / "state"
         private.mkdir()
-        argv = sandbox.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
+        argv = confine.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
                                   broker=broker.dir / "socket", private=private)
-        inside = f"{sandbox.BROKER_DIR}/{SOCKET_NAME}"
+        inside = f"{confine.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
               f"its credentials, a private scratch for its session (~/.claude/projects, ...)"

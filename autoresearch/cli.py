@@ -349,7 +349,7 @@ def _ideas(repo: Path, apply: list[str] | None) -> str:
         return f"train.py now has {ideas.describe(idea, params)} (describe the run so: autoresearch run -m " \
                f"\"{ideas.describe(idea, params)}\")"
     try:
-        rows = ledger.read(state.results(repo), tags.load_tag(repo)["tag"])
+        rows = ledger.read(state.results(repo), tags.load_tag(repo).tag)
     except errors.HarnessError:  # not on an experiment branch: the catalog alone
         rows = []
     return proposer.knowledge(rows, source, profile)

@@ -98,7 +98,7 @@ def main(repo: Path, args, log=print) -> int:
     existing = tags.existing(repo, args.tag)
     workers, threads = plan(args, hw, tags.threads_per_run(existing) if existing else None)
     if existing and tags.threads_per_run(existing) != threads:
-        raise errors.HarnessError(f"tag {existing['tag']} runs every experiment with {tags.threads_per_run(existing)} "
+        raise errors.HarnessError(f"tag {existing.tag} runs every experiment with {tags.threads_per_run(existing)} "
                                f"thread(s), and rows with other resources are never compared: use --threads "
                                f"{tags.threads_per_run(existing)}, or a new tag (--tag NEWTAG).")
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None

@@ -24,7 +24,7 @@ import numpy as np
 from prepare import PROFILES, SPECIAL_TOKENS, Tokenizer, evaluation_rows
 from runtime import MANIFEST_NAME, MANIFEST_VERSION, PrepareError, cache_dir, default_profile, load_manifest
 
-from autoresearch import sandbox
+from autoresearch import confine
 from autoresearch.checksums import sha256_file, verify
 from autoresearch.sources import (CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD, atomic_write_bytes, local_files,
                                   prepare_climbmix, prepare_gutenberg, prepare_local, read_texts)
@@ -138,7 +138,7 @@ def prepare(force: bool = False, log=print, **wanted) -> dict:
     settings = want.settings()
     profile, dataset, path = want.profile, settings["dataset"], want.path
     root = cache_dir()
-    sandbox.record_cache(root)  # wherever it lives, every agent's sandbox hides it
+    confine.record_cache(root)  # wherever it lives, every agent's sandbox hides it
     try:
         existing = load_manifest(root)
     except PrepareError:

@@ -156,10 +156,11 @@ class Driver:
         if step.kind == "series":
             commit = git.git(self.repo, "rev-parse", step.commit)
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
-        source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
-        return self.job(rows, commit, parent, source, step.description, step.run_no, name)
+        return self.job(rows, commit, parent, step.description, step.run_no, name)
 
-    def job(self, rows, commit: str, parent: str, source: str, description: str, run_no: int, name: str) -> Job:
+    def job(self, rows, commit: str, parent: str, description: str, run_no: int, name: str) -> Job:
+        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`."""
+        source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
         running = [job.config for job in self.running.values()]
         seeds_in_flight = [job.seed for job in self.running.values() if job.config == config_id]
@@ -215,8 +216,7 @@ class Driver:
             self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
         commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
-        self.dispatch(self.job(ledger.read(self.results, self.config.tag), commit, parent, source, description, 1,
-                               name))
+        self.dispatch(self.job(ledger.read(self.results, self.config.tag), commit, parent, description, 1, name))
 
     def dispatch(self, job: Job) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id),

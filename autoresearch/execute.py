@@ -188,7 +188,7 @@ def integrity(ctx: Context, training: supervise.Training, watch: guard.Guard, co
         fingerprint_after = fixed.fingerprint(ctx.repo)
     except HarnessError as e:
         fingerprint_after = str(e)
-    if fingerprint_after != ctx.config["fingerprint"]:
+    if fingerprint_after != ctx.config.fingerprint:
         return ("the prepared data, prepare.py or runtime.py changed during the run; every later run is refused "
                 "until `git checkout prepare.py runtime.py` or `python prepare.py --force` restores it")
     return None

@@ -9,7 +9,7 @@ Two parts, each set at setup and recorded in the tag:
   against its first; an honest night a few hundred.
 - **Which rows are scored.** A secret per tag (its draw) picks the scored rows from the whole held-out pool
   (prepare.evaluation_rows). The secret lives beside the data cache, outside every repository, never mounted in
-  a training's sandbox or the evaluator's, and hidden from every confined agent (sandbox.wrap_agent). A train.py
+  a training's sandbox or the evaluator's, and hidden from every confined agent (confine.wrap_agent). A train.py
   that carries held-out text covers at most 8 x LIMIT_BYTES bits of a pool it cannot aim within: its expected
   gain is at most 8 x LIMIT_BYTES / (the pool's bytes) bits per byte.
 """
@@ -35,7 +35,7 @@ def carried_bytes(source: bytes, base: bytes) -> int:
 
 
 def secrets_dir(cache: Path | None = None) -> Path:
-    """Beside the data cache (<cache>-secrets): no sandbox mounts it, and an agent's hides it (sandbox.wrap_agent
+    """Beside the data cache (<cache>-secrets): no sandbox mounts it, and an agent's hides it (confine.wrap_agent
     creates it first: a directory made after an agent's sandbox started would be visible in it)."""
     import prepare
     cache = (cache or prepare.cache_dir()).resolve()

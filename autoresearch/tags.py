@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autoresearch import decide, fixed, git, heldout, ledger, machine, sandbox, state, tagconfig
+from autoresearch import confine, decide, fixed, git, heldout, ledger, machine, sandbox, state, tagconfig
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
@@ -77,7 +77,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
                  threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
     config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
                                                       config.hardware))
-    sandbox.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
+    confine.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
     git.git(repo, "checkout", "-q", "-b", name)
     state.atomic_json(state.tag_file(repo, tag), config.to_json())
     ledger.create(state.results(repo))

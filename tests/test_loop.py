@@ -121,7 +121,7 @@ def test_external_agent_drives_the_loop_and_is_kept_to_train_py(repo, env, tmp_p
     assert baseline.description == "baseline"
     assert change.description.startswith("shorter warmdown (0.3)")
     from autoresearch import sandbox
-    if sandbox.bwrap_works():  # confined (sandbox.wrap_agent): the write itself failed
+    if sandbox.bwrap_works():  # confined (confine.wrap_agent): the write itself failed
         assert "reverted" not in change.description
     else:
         assert "agent also edited prepare.py: reverted" in change.description
