@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -223,7 +224,7 @@ def test_a_worker_on_a_machine_with_other_data_refuses_to_join(repo, env, monkey
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_BUDGET_CLOCK", "OMP_NUM_THREADS"):
         monkeypatch.setenv(key, env.get(key, ""))  # restored afterwards: a worker sets them for itself
     config = tags.setup(repo, "w", threads=1, sandbox_mode="off")
-    worker = Worker(str(repo), dict(config, fingerprint="0" * 64), "w1", "off")
+    worker = Worker(str(repo), replace(config, fingerprint="0" * 64), "w1", "off")
     info = worker.join()
     assert "refuses to join" in info["error"] and "prepare.py --force" in info["error"]
     with pytest.raises(WorkerRefused, match="refuses to join"):
