@@ -37,49 +37,6 @@ DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats
                  "single run (the public project's rule)")
 
 
-def _status(repo: Path) -> str:
-    """Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
-    import json
-
-    from autoresearch import git, ledger, lock, recovery, state, tags
-
-    config = tags.load_tag(repo)
-    damaged = []
-    rows = ledger.read(state.results(repo), config.tag, damaged=damaged)
-    counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
-    from autoresearch import facts, machine, report
-    hw = f" | {machine.describe(config.hardware)}" if config.hardware else ""
-    lines = [f"branch {git.branch(repo)} | budget {config.budget_s:g} s on the {config.clock} clock | "
-             f"fingerprint {config.fingerprint[:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
-             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
-    for r in rows[-8:]:
-        lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
-                     f"{f'[{r.worker}] ' if r.worker else ''}{r.description}"
-                     + (f"  ({r.decision})" if r.decision and r.decision != "interrupted" else ""))
-    pending = recovery.read_pending(repo)
-    if pending is not None:
-        if lock.is_held(state.state_dir(repo)):
-            lines.append(f"in flight: {pending['description']} (run {pending['run_id']}, started {pending['started']})")
-        else:
-            lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
-                         "next `autoresearch run` or `loop` records it and puts the branch back")
-    alive = lock.is_held(state.state_dir(repo))
-    waiting = state.waiting_file(repo)
-    if alive and waiting.exists():
-        try:
-            lines.append(json.loads(waiting.read_text())["text"])
-        except (OSError, ValueError, KeyError):
-            pass
-    for job in facts.in_flight(repo):  # a parallel loop's runs (pending.json is shown above)
-        if job.get("worker"):
-            lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
-                         f"{job['description']} (run {job['run_id']}, started {job['started']})"
-                         + ("" if alive else "; its driver died, and the next `autoresearch loop` or `run` records it"))
-    lines += report.flag_lines(rows)
-    lines += [f"warning: {problem}" for problem in damaged]
-    return "\n".join(lines)
-
-
 def seed(text: str) -> int:
     """A run's seed: 0 to 2**31 - 1 (a seed of 4,000 digits reached the training whole: 1.8 KB carried per run
     beside train.py's checked bytes)."""
@@ -279,7 +236,8 @@ def _command(args) -> int:
         command = args.agent_command[1:] if args.agent_command[:1] == ["--"] else args.agent_command
         return broker.start(repo, command, args.allow, build_parser())
     if args.command == "ideas":
-        print(_ideas(repo, args.apply))
+        from autoresearch import commands
+        print(commands.ideas(repo, args.apply))
         return OK
     if args.command == "best":
         from autoresearch import champion
@@ -306,53 +264,9 @@ def _command(args) -> int:
         config = tags.load_tag(repo)
         print(json.dumps(facts.facts(state.results(repo), repo, config.tag), indent=1))
     elif args.command == "status":
-        print(_status(repo))
+        from autoresearch import commands
+        print(commands.status(repo))
     return OK
-
-
-def _ideas(repo: Path, apply: list[str] | None) -> str:
-    """`autoresearch ideas`: the catalog against train.py and this tag's record, or with --apply, one idea
-    written into train.py (nothing else changes; `autoresearch run` then runs it)."""
-    import ast
-
-    import prepare
-
-    from autoresearch import errors, ideas, ledger, proposer, state, tags
-    from autoresearch.edit import EditError
-    manifest = prepare.load_manifest()
-    profile = manifest["profile"] if manifest else prepare.default_profile()
-    path = repo / state.EDITABLE
-    source = path.read_text()
-    if apply:
-        name, *pairs = apply
-        if name not in ideas.IDEAS:
-            raise errors.HarnessError(f"no idea {name!r}; `autoresearch ideas` lists them: "
-                                      + ", ".join(ideas.IDEAS))
-        idea, params = ideas.IDEAS[name], {}
-        for pair in pairs:
-            key, sep, value = pair.partition("=")
-            if not sep or key not in idea.params:
-                raise errors.HarnessError(f"{pair!r}: give KEY=VALUE with KEY one of {', '.join(idea.params)}")
-            try:
-                params[key] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                params[key] = value
-        held = ideas.current(idea, source, profile) or {}
-        params = {k: params.get(k, held.get(k)) for k in idea.params}
-        if params not in ideas.variants(idea, profile):
-            raise errors.HarnessError(f"{name}: {params} is not one of its variants: "
-                                      + " | ".join(proposer.params_text(v) for v in ideas.variants(idea, profile)))
-        try:
-            path.write_text(ideas.apply(source, idea, params, profile))
-        except EditError as e:
-            raise errors.HarnessError(f"{name}: {e}") from None
-        return f"train.py now has {ideas.describe(idea, params)} (describe the run so: autoresearch run -m " \
-               f"\"{ideas.describe(idea, params)}\")"
-    try:
-        rows = ledger.read(state.results(repo), tags.load_tag(repo).tag)
-    except errors.HarnessError:  # not on an experiment branch: the catalog alone
-        rows = []
-    return proposer.knowledge(rows, source, profile)
 
 
 def _change_state(repo: Path, args) -> int:
