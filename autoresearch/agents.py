@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from autoresearch import confine, descriptions, git, guard, ledger, proposer, sandbox, state
+from autoresearch.errors import AgentError  # defined there: cli.py catches it without importing this module
 
 PRESETS = {
     "claude": ["claude", "-p", "{prompt}", "--permission-mode", "acceptEdits"],
@@ -45,10 +46,6 @@ def rules(program: str) -> str:
         return ""
     end = program.find("\n## ", start + 1)
     return program[start:end if end > 0 else None].strip()
-
-
-class AgentError(RuntimeError):
-    pass
 
 
 def command_for(spec: str) -> list[str]:

@@ -162,7 +162,7 @@ def main(argv=None) -> int:
 
 
 def _checked(args) -> int:
-    from autoresearch import agents, errors, facts, git, ledger, lock, machine_load
+    from autoresearch import errors, facts, git, ledger, lock, machine_load
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
@@ -171,7 +171,7 @@ def _checked(args) -> int:
     except (errors.Refused, errors.MachineBusy) as e:
         print(f"error: {e}", file=sys.stderr)
         return FAILED
-    except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, agents.AgentError, git.GitError,
+    except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, errors.AgentError, git.GitError,
             lock.LockHeld, DashboardError, facts.BadQuery, machine_load.Settings) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE

@@ -11,3 +11,8 @@ class Refused(HarnessError):
 
 class MachineBusy(HarnessError):
     """Other processes kept the machine busy for longer than AUTORESEARCH_LOAD_WAIT: nothing ran."""
+
+
+class AgentError(RuntimeError):
+    """The agent cannot run or made no change (agents.py). Here, not there, so that every command can catch it
+    without importing agents.py and, through it, the proposer's optuna and scipy (0.5 s of every command)."""

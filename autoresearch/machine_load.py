@@ -152,8 +152,10 @@ def wait_until_quiet(log=print, on_wait=None, give_up=None) -> float:
     """Wait while other processes keep more than limit() cores busy, saying so at once and every TELL_EVERY
     seconds (on_wait(text) too, for `autoresearch status`); the load found last. Raises Busy after
     AUTORESEARCH_LOAD_WAIT seconds of a busy machine (no end without it), or as soon as give_up() is true (the
-    loop's stop button or its --hours)."""
+    loop's stop button or its --hours). 0.0, unmeasured, when the limit is the machine's cores or more."""
     most, wait = limit(), max_wait()
+    if most >= (psutil.cpu_count() or 1):  # no load can exceed it (AUTORESEARCH_LOAD_LIMIT set that high): the
+        return 0.0                         # 0.5 s sample would decide nothing
     start = time.monotonic()
     load = others_now()
     told = -TELL_EVERY
