@@ -17,7 +17,7 @@ import pytest
 
 import prepare
 import runtime
-from autoresearch import data, fixed, ledger, run, sandbox, sources, supervise
+from autoresearch import data, fixed, ledger, processes, run, sandbox, sources, supervise
 from conftest import ROOT, STALL_ROOM, cli, make_corpus
 from test_harness import rows
 
@@ -320,7 +320,7 @@ def test_a_run_under_another_clock_than_its_tag_is_refused_and_recorded(repo, en
 @pytest.mark.slow
 def test_a_busy_machine_is_waited_for_then_named(repo, env):
     assert cli(repo, "setup", "--tag", "busy", env=env).returncode == 0
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hog = subprocess.Popen(processes.tied_to_parent([sys.executable, "-c", "while True: pass"]))  # dies with pytest
     try:
         out = cli(repo, "run", "-m", "x", env=dict(env, AUTORESEARCH_LOAD_WAIT="1", AUTORESEARCH_LOAD_LIMIT="0.5"))
     finally:

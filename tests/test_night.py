@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT, cli, sh
 
-from autoresearch import guard, ledger, machine_load, tags
+from autoresearch import guard, ledger, machine_load, processes, tags
 
 
 # --- the guard: what the training could touch, not what people do ------------------------------------------
@@ -192,7 +192,7 @@ def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
     """A process keeps a core busy: the loop says so (and `status` too), waits, and runs once it is gone. With
     AUTORESEARCH_LOAD_WAIT=1 each wait gives up after a second, and the loop waits again instead of ending."""
     busy = dict(env, AUTORESEARCH_LOAD_LIMIT="0.5", AUTORESEARCH_LOAD_WAIT="1", PYTHONUNBUFFERED="1")
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    hog = subprocess.Popen(processes.tied_to_parent([sys.executable, "-c", "while True: pass"]))  # dies with pytest
     proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "b", "--decision", "naive",
                              "--max-experiments", "1"], cwd=repo, env=busy, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
