@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import train  # noqa: E402  (sets flush-denormal first)
+import runtime  # noqa: E402
 import prepare  # noqa: E402
 from prepare import MAX_SEQ_LEN, Tokenizer, make_dataloader  # noqa: E402
 
@@ -66,7 +67,7 @@ def measure(tok, depth, width, vocab, steps, compiled, dtype):
     for _ in range(steps):
         step()
     rate = steps * train.TOTAL_BATCH_SIZE / (time.perf_counter() - t)
-    mfu = 100 * rate * model.flops_per_token() / train.peak_flops(torch.device("cpu"), dtype)
+    mfu = 100 * rate * model.flops_per_token() / runtime.peak_flops(torch.device("cpu"), dtype)
     export_s, program = export(model, dtype)
     rows = prepare.evaluation_rows("val") % vocab
     eval_s = evaluate(program, rows, vocab, dtype)
@@ -104,8 +105,8 @@ def main():
     args = parser.parse_args()
     tok = Tokenizer.from_directory()
     device = torch.device("cpu")
-    dtype, dtype_reason = train.pick_dtype(device)
-    compiled, compile_reason = train.pick_compile(device, train.USE_COMPILE)
+    dtype, dtype_reason = runtime.pick_dtype(device)
+    compiled, compile_reason = runtime.pick_compile(device, train.USE_COMPILE)
     vocab = tok.get_vocab_size()
     print(f"profile={train.PROFILE} threads={torch.get_num_threads()} seq={MAX_SEQ_LEN} vocab={vocab} "
           f"batch={train.TOTAL_BATCH_SIZE} tokens/step eval rows={train.EVAL_BATCH_SIZE}\n"

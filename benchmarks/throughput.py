@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import train  # noqa: E402  (sets flush-denormal first)
+import runtime  # noqa: E402
 from prepare import MAX_SEQ_LEN, Tokenizer, make_dataloader  # noqa: E402
 
 PARTS = ("data", "forward", "backward", "clip", "adamw", "muon")
@@ -51,7 +52,7 @@ class Arm:
         self.loader = make_dataloader(tok, train.DEVICE_BATCH_SIZE, MAX_SEQ_LEN, seed=1)
         self.accum = train.TOTAL_BATCH_SIZE // (train.DEVICE_BATCH_SIZE * MAX_SEQ_LEN)
         self.autocast = torch.autocast("cpu", dtype=self.dtype, enabled=self.dtype != torch.float32)
-        self.peak = train.peak_flops(torch.device("cpu"), self.dtype)
+        self.peak = runtime.peak_flops(torch.device("cpu"), self.dtype)
         t = time.perf_counter()
         self.step({})
         self.first = time.perf_counter() - t
@@ -108,8 +109,8 @@ def main():
     tok = Tokenizer.from_directory()
     print(f"profile={train.PROFILE} threads={torch.get_num_threads()} DEPTH={train.DEPTH} MODEL_DIM={train.MODEL_DIM} "
           f"vocab={tok.get_vocab_size()} seq={MAX_SEQ_LEN} batch={train.TOTAL_BATCH_SIZE} tokens/step "
-          f"peak fp32 {train.peak_flops(torch.device('cpu'), torch.float32) / 1e9:,.0f} GFLOP/s, "
-          f"bf16 {train.peak_flops(torch.device('cpu'), torch.bfloat16) / 1e9:,.0f} GFLOP/s (train.py's probe)")
+          f"peak fp32 {runtime.peak_flops(torch.device('cpu'), torch.float32) / 1e9:,.0f} GFLOP/s, "
+          f"bf16 {runtime.peak_flops(torch.device('cpu'), torch.bfloat16) / 1e9:,.0f} GFLOP/s (train.py's probe)")
     packing = [packing_rate(tok, 200) for _ in range(args.repeats)]
     print(f"packing: {statistics.median(packing):,.0f} tok/s (median of {args.repeats})\n")
     arms = [Arm(tok, name) for name in args.arms]

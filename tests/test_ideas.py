@@ -67,14 +67,15 @@ TRAIN_TWO_STEPS = textwrap.dedent('''
     import json, os, sys, types
     import torch
     import prepare
+    import runtime
     out = {}
     for name, source in json.load(sys.stdin).items():
         module = types.ModuleType("train_" + name)
         module.__file__ = "train.py"
         exec(compile(source, "train.py", "exec"), module.__dict__)
         ticks = iter(range(10**6))
-        budget = module.TIME_BUDGET
-        module.budget_clock = lambda: (lambda: next(ticks) * budget / 2)  # exactly two steps
+        budget = runtime.time_budget()
+        runtime.budget_clock = lambda: (lambda: next(ticks) * budget / 2)  # exactly two steps (runtime.Budget's clock)
         run_dir = os.path.join(os.environ["RUNS"], name)
         os.environ["AUTORESEARCH_RUN_DIR"] = run_dir
         try:
