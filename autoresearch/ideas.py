@@ -113,7 +113,7 @@ def _lr_loop(p):
     return text + (
         "        if \"momentum\" in group:  # Muon's momentum warms up over the first 30% (modded-nanogpt)\n"
         f"            group[\"momentum\"] = MUON_MOMENTUM - (MUON_MOMENTUM - {p['start']!r}) * "
-        "max(0.0, 1 - elapsed / TIME_BUDGET / 0.3)\n")
+        "max(0.0, 1 - budget.progress / 0.3)\n")
 
 
 VE_LAYERS = {
