@@ -157,12 +157,6 @@ def budget_clock():
     return lambda: time.process_time() / threads
 
 
-def __getattr__(name: str):
-    """BUDGET_CLOCK read lazily, so importing this file never fails."""
-    if name == "BUDGET_CLOCK":
-        return budget_clock_kind()
-    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
-
 # ---------------------------------------------------------------------------
 # Device measurements: the peak FLOP/s behind MFU and the CPU dtype choice. Under the harness they are the
 # tag's, measured by the harness once at setup and handed to every run read-only (PEAK_FILE in the data view),
