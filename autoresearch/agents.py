@@ -115,9 +115,7 @@ class ExternalAgent:
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if self.confined():  # no validation or test tokens within its reach (confine.wrap_agent)
-            import prepare
-            argv = confine.wrap_agent(argv, self.workdir, prepare.cache_dir(), prepare.require_manifest(),
-                                      private=self.private)
+            argv = confine.wrap_agent(argv, self.workdir, private=self.private)
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])

@@ -186,7 +186,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
                                   "cannot create namespaces here: install it (`apt-get install bubblewrap`). "
                                   "Without it, `autoresearch loop --agent NAME` still runs an agent, checked "
                                   "afterwards instead of confined (docs/integrity.md).")
-    manifest = prepare.require_manifest()
+    prepare.require_manifest()  # not prepared: say how before anything starts
     command = command or [os.environ.get("SHELL") or "bash"]
     if shutil.which(command[0]) is None:
         raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
@@ -199,8 +199,8 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     try:
         private = broker.dir / "state"
         private.mkdir()
-        argv = confine.wrap_agent(command, repo, prepare.cache_dir(), manifest, [Path(w) for w in writable],
-                                  broker=broker.dir / "socket", private=private)
+        argv = confine.wrap_agent(command, repo, [Path(w) for w in writable], broker=broker.dir / "socket",
+                                  private=private)
         inside = f"{confine.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "

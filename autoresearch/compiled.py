@@ -4,20 +4,23 @@ An unchanged graph compiles in seconds from inductor's cache instead of 25-80 s 
 training writes and a later run reads carries whatever the training puts there (weights, say: three budgets of
 training in one run). So the cache has two layers:
 
-- a *base* per champion (configuration) and what else changes the code inductor compiles for it (the threads per
-  run, the machine and torch: key()), filled only by a **compile phase**: the champion's train.py run by the
-  harness in compile-only mode (runtime.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in
-  a sandbox where the base is the only thing it may write and no token file exists. It sees no data, so nothing in
-  it can come from data. It runs outside any budget, once per base (the baseline at its first run, then after
-  each keep, and a tag with other threads per run its own), and the harness records that it did (`<base>.done`,
-  beside the base, where the phase cannot write); the run's log says which base it started from (note());
-- every run trains with a **private copy** of its tag's current base (run_dir/compile, `cp -a`: 0.06 s for the
-  default's 155 MB), writable, deleted after the run: what a training writes there reaches no one.
+- a *base* per configuration (train.py) and what else changes the code inductor compiles for it (the threads per
+  run, the machine and torch: key()), filled only by a **compile phase**: that train.py run by the harness in
+  compile-only mode (runtime.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in a sandbox
+  where the base is the only thing it may write and no token file exists. It sees no data, so nothing in it can
+  come from data. It runs outside any budget, once per base, before the configuration's first run; a new
+  configuration's base starts as a copy of its champion's, so a change of constants costs its phase about 6 s
+  and a change of shape its cold compile (about a minute on 2 cores), outside the budget. The harness records
+  that it ran (`<base>.done`, beside the base, where the phase cannot write); the run's log says which base it
+  started from (note());
+- every run trains with a **private copy** of its base (run_dir/compile, `cp -a`: 0.06 s for the default's
+  155 MB), writable, deleted after the run: what a training writes there reaches no one.
 
-So what a run's compilation costs depends on its own graph and the champion's alone, never on what ran before:
-the champion's repeats and every change of constants compile warm, a change of shape compiles cold, on every one
-of its runs alike. Without bubblewrap nothing stops a training from writing the base directly; the harness then
-compares the base before and after each run and throws it away when it changed (the run is refused).
+So every run starts warm, whatever it changed: what its first step costs inside the budget is loading its own
+kernels, never compiling them, and never depends on what ran before (issue 34: a change of shape compiled cold
+inside its budget, about a minute of 300 s on 2 cores, and crashed at a 10 s budget). Without bubblewrap nothing
+stops a training from writing the base directly; the harness then compares the base before and after each run
+and throws it away when it changed (the run is refused).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from autoresearch.tagconfig import Tag
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
                       # It bounds what a phase can compute without data and leave for later runs (docs/integrity.md)
-KEEP_BASES = 3        # bases kept per data cache (~160 MB each on the cpu profile); older ones are deleted
+KEEP_BASES = 6        # bases kept per data cache (~160 MB each on the cpu profile); the least recently used go.
+                      # A base per configuration: a loop's champion and its workers' candidates, on two thread counts
 
 
 def root(cache: Path) -> Path:
@@ -97,10 +101,13 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
     return env
 
 
-def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, protection: str, log=print) -> Path:
-    """The base for the runs of tag `config` whose champion is config_id (named by key()), filled by a compile
-    phase if it has none yet. One phase at a time per base: parallel workers on one machine share the data cache,
-    so they share its bases. fixed_half: the tag's fixed.FixedHalf (its clean files, data cache and manifest)."""
+def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, protection: str, log=print,
+                start_from: str | None = None) -> Path:
+    """The base for the runs of configuration config_id (train_source) under tag `config` (named by key()),
+    filled by a compile phase if it has none yet, starting from a copy of base `start_from` (its champion's, a
+    key()) when that one is ready. One phase at a time per base: parallel workers on one machine share the data
+    cache, so they share its bases. fixed_half: the tag's fixed.FixedHalf (its clean files, data cache and
+    manifest)."""
     cache = fixed_half.cache
     name = key(config_id, config)
     base = base_dir(cache, name)
@@ -115,13 +122,29 @@ def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, prot
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
             return base
-        return _fill(fixed_half, name, train_source, config, protection, log)
+        return _fill(fixed_half, name, train_source, config, protection, log, start_from)
 
 
-def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str, log) -> Path:
-    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
+def _start(base: Path, start_from: str | None) -> str:
+    """A new base: a copy of the ready base start_from (its champion's: what the two share compiles warm), or
+    empty. What it started from, for the log."""
     shutil.rmtree(base, ignore_errors=True)
+    seed = base.parent / start_from if start_from else None
+    if seed is not None and seed != base and seed.is_dir() and (base.parent / f"{start_from}.done").exists():
+        os.utime(seed)  # in use: prune() keeps it
+        try:
+            _copy(seed, base)
+            return f"a copy of base {start_from}"
+        except (OSError, subprocess.CalledProcessError, shutil.Error):  # pruned meanwhile: from empty
+            shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
+    return "empty"
+
+
+def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str, log,
+          start_from: str | None = None) -> Path:
+    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
+    started = _start(base, start_from)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     try:
         (work / "train.py").write_text(train_source)
@@ -130,7 +153,8 @@ def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, base)
-        log(f"compile phase for base {name} (no data, outside the budget): filling the compile cache")
+        log(f"compile phase for base {name} (no data, outside the budget; from {started}): filling the compile "
+            "cache")
         t0 = time.time()
         processes.become_subreaper()  # what the phase starts stays in this tree, and ends with it
         try:
@@ -146,7 +170,7 @@ def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str
             log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    record = {"seconds": round(seconds, 2), "ok": ok, "protection": protection,
+    record = {"seconds": round(seconds, 2), "ok": ok, "protection": protection, "from": started,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = root(cache) / f"{name}.done.tmp"
     tmp.write_text(json.dumps(record))
@@ -166,14 +190,18 @@ def prune(cache: Path, keep: Path) -> None:
             (root(cache) / f"{old.name}.done").unlink(missing_ok=True)
 
 
-def private_copy(base: Path, run_dir: Path) -> Path:
-    """The run's throwaway copy of the base."""
-    dest = run_dir / sandbox.COMPILE_DIR
+def _copy(base: Path, dest: Path) -> None:
     if shutil.which("cp") and sys.platform.startswith("linux"):
-        subprocess.run(["cp", "-a", str(base), str(dest)], check=True)
+        subprocess.run(["cp", "-a", str(base), str(dest)], check=True, capture_output=True)
     else:
         shutil.copytree(base, dest, symlinks=True)
     (dest / "headers").mkdir(exist_ok=True)
+
+
+def private_copy(base: Path, run_dir: Path) -> Path:
+    """The run's throwaway copy of the base."""
+    dest = run_dir / sandbox.COMPILE_DIR
+    _copy(base, dest)
     return dest
 
 
@@ -188,12 +216,12 @@ def state(base: Path) -> dict:
 
 
 class Tampered(Exception):
-    """A compile phase without the sandbox changed the repository (the champion's train.py ran as you)."""
+    """A compile phase without the sandbox changed the repository (the run's train.py ran as you)."""
 
 
 def watched(repo: Path, protection: str, fill) -> Path:
     """fill() (an ensure_base call), with the repository watched like a training when there is no sandbox: a
-    compile phase runs the champion's train.py, and one rewrote the tag's allowance for every later run
+    compile phase runs a configuration's train.py, and one rewrote the tag's allowance for every later run
     (benchmarks/redteam.py, compile-phase-unguarded). Tampered, the changes undone and the base thrown away."""
     if protection == "bwrap":
         return fill()
@@ -204,7 +232,7 @@ def watched(repo: Path, protection: str, fill) -> Path:
         lost = watch.restore()
         (base.parent / f"{base.name}.done").unlink(missing_ok=True)
         shutil.rmtree(base, ignore_errors=True)
-        raise Tampered(f"the compile phase (the champion's train.py, run without a sandbox) changed files outside "
+        raise Tampered(f"the compile phase (this train.py, run without a sandbox) changed files outside "
                        f"its directory: {', '.join(changed[:5])} (restored{'' if not lost else ', but not ' + ', '.join(lost[:3])}; "
                        "its compile cache thrown away)")
     return base

@@ -33,8 +33,8 @@ REGISTRY = "autoresearch-caches.json"  # in ~/.cache: every data cache the harne
 BROKER_DIR = "/tmp/autoresearch-broker"  # inside an agent's sandbox: the broker's socket (broker.py)
 
 
-def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writable: list[Path] = (),
-               broker: Path | None = None, private: Path | None = None) -> list[str]:
+def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker: Path | None = None,
+               private: Path | None = None) -> list[str]:
     """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
     (`autoresearch agent`). The machine read-only, with the network (its model's API) and the user's programs;
     writable only: `workdir`'s train.py, the agents' credentials and history (AGENT_DATA), their session's
@@ -45,8 +45,10 @@ def wrap_agent(argv: list[str], workdir: Path, cache: Path, manifest: dict, writ
     (gutenberg's raw books) are hidden. Its own process namespace and /proc (no other process, and
     so no /proc/PID/root or fd/ of the harness's), no capability, a new session (no TIOCSTI into the user's
     terminal), no host socket under /run. `broker`: the directory of the broker's socket (broker.py), bound at
-    BROKER_DIR. `private`: a directory of the caller's for the session's copies of PRIVATE_STATE."""
-    cache, home = cache.resolve(), Path.home()
+    BROKER_DIR. `private`: a directory of the caller's for the session's copies of PRIVATE_STATE. The data
+    cache is this process's (prepare.cache_dir()), prepared (prepare.require_manifest() says how, if not)."""
+    import prepare
+    cache, manifest, home = prepare.cache_dir().resolve(), prepare.require_manifest(), Path.home()
     args = ["bwrap", *CONFINED, "--ro-bind", "/", "/", "--die-with-parent", "--new-session", "--unshare-pid",
             "--unshare-ipc", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     # back where /tmp's tmpfs hid them: a venv or checkout there, the harness's own code (so that `autoresearch`

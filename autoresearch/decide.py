@@ -12,8 +12,9 @@ heavier tails.
 The rule (run.py applies it after every run; the numbers behind its constants are in BENCHMARKS.md):
 - the baseline runs BASELINE_RUNS times: the first champion and the first noise estimate;
 - a candidate runs once; worse than the champion's mean by more than DISCARD_MARGIN noise sigmas: discard,
-  unless its first step took more than COLD_COMPILE_S seconds and COLD_COMPILE of its budget (a new shape's
-  cold torch.compile: the same train.py compiles warm next time), which always earns it a second run;
+  unless its first step took more than COLD_COMPILE_S seconds and COLD_COMPILE of its budget (a cold
+  torch.compile inside the budget: its compile phase failed or the tag has no compile cache, compiled.py; or a
+  stall), which always earns it a second run;
 - otherwise it runs again (status `confirm`), each time with a new seed, until P(better) >= P_KEEP (keep: it is
   the new champion and the branch holds it), P(better) < P_CONTINUE (discard: its mean is no better), or
   MAX_RUNS runs (discard: undecided).

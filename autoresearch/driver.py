@@ -24,52 +24,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
                           run, schedule, state, supervise, tags)
+from autoresearch.jobs import Job, keep_on_branch
 from autoresearch.worker import Worker
 from autoresearch.tagconfig import Tag
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
 JOIN_WAIT = 30          # seconds the loop waits for all its workers before it starts with those that joined
 NO_WORKER_TIMEOUT = 300  # seconds the loop waits for a replacement when every worker is gone
-
-
-@dataclass
-class Job:
-    """One run dispatched to a worker; its JSON in inflight/ is what recovery records if it never returns."""
-    run_id: str
-    tag: str
-    commit: str        # the commit recorded for it (a candidate's commit object, or the champion's)
-    parent: str
-    config: str        # git blob of its train.py
-    description: str
-    seed: int
-    repeat: int
-    run_no: int        # its place in its series (1 for a candidate's first run)
-    test_threshold: float | None
-    worker: str
-    host: str
-    device: str
-    protection: str
-    started: str
-    source: str = ""   # train.py; not written to inflight/
-    champion: str = ""  # the champion's configuration: the run starts from its compile cache (compiled.py)
-    champion_source: str = ""  # its train.py, for the compile phase; not written to inflight/
-    pruning: dict | None = None  # a candidate's first run: the champion's curves it is stopped against (prune.py,
-                                 # run.pruning); not written to inflight/
-
-
-def keep_on_branch(repo: Path, job: Job) -> str:
-    """Move the branch to a kept candidate: its own commit when the branch is still on its parent, else a new
-    commit of its train.py on top of the branch (a candidate kept after another one was). The commit."""
-    head = git.head(repo)
-    target = job.commit if head == job.parent else git.commit_with(repo, head, state.EDITABLE, job.source,
-                                                                    job.description)
-    git.reset_to(repo, target, state.EDITABLE)
-    return target
 
 
 class Stop(Exception):
@@ -172,7 +138,6 @@ class Driver:
                    schedule.seed(rows, config_id, seeds_in_flight, self.rule), schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
-                   git.git(self.repo, "show", f"{champion}:{state.EDITABLE}", strip=False),
                    asdict(reference) if reference is not None else None)
 
     def propose(self, name: str) -> None:
@@ -220,7 +185,7 @@ class Driver:
 
     def dispatch(self, job: Job) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id),
-                          {k: v for k, v in asdict(job).items() if k not in ("source", "champion_source", "pruning")})
+                          {k: v for k, v in asdict(job).items() if k not in ("source", "pruning")})
         actor = self.workers[job.worker][0]
         self.running[actor.run.remote(asdict(job))] = job
         self.log(f"   {job.worker}: {job.description}")

@@ -14,8 +14,8 @@ between runs of one configuration, pooled over every configuration with repeats;
 with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
 repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
 nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning), nor a run whose
-first step line came after decide.cold_after (a cold compile, paid once: the next run of the same train.py
-compiles warm, and the decision rule gives it that run). Only a candidate's first run is: a candidate the rule
+first step line came after decide.cold_after (a cold compile inside the budget, where its compile phase
+failed; the decision rule gives it a second run). Only a candidate's first run is: a candidate the rule
 sent to confirmation is promising, and a run near its budget's end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
 benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
@@ -101,8 +101,8 @@ class Reference:
         MIN_STEP-th step on."""
         m = re.search(r"\bstep=\s*(\d+)\b.*\bloss=(\S+)", line or "")
         if m and elapsed is not None and self.cold is None:
-            # A new shape compiles cold (25-57 s on 2 CPU cores, against 5-7 s warm): it is behind the champion
-            # by that time at every moment of this run, not the next (the decision rule gives it a second run)
+            # A cold compile inside the budget (25-57 s on 2 CPU cores, against 5-7 s warm; its compile phase
+            # failed): it is behind the champion by that time at every moment (the rule gives it a second run)
             self.cold = elapsed > self.cold_after
         if self.cold:
             return None

@@ -112,7 +112,7 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
                                  if series is not None and series.kind == "candidate" else ""), **common)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     val_bpb = ex.evaluation["val_bpb"]
-    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config.budget_s)  # a new shape's first run
+    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config.budget_s)  # compiled cold in its budget
     status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None,
                           cold)
     test_bpb = ex.evaluation.get("test_bpb")

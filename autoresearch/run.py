@@ -68,7 +68,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
-    planned = git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
+    planned = planned_config(repo)
     seed = schedule.seed(rows, planned, [], rule, options.seed)
     ran = record.Ran(git.head(repo), description, run_id, seed, protection,
                      where=dict(host=socket.gethostname(), device=tags.device_label(config)))
@@ -222,16 +222,22 @@ def run_series(repo: Path, description: str, options: Options = Options(), on_ou
     return outcomes
 
 
+def planned_config(repo: Path) -> str:
+    """The configuration train.py as it is now will have once committed (line-ending conversion and filters
+    applied, as tags.config_of will see it)."""
+    return git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
+
+
 def compile_base(repo: Path, config: Tag, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
                  log=print) -> Path | None:
-    """The compile cache this tag's next run starts from: the champion's base for this tag's threads per run
-    (compiled.key), filled by a compile phase the first time; None when the tag was set up with
-    AUTORESEARCH_COMPILE_CACHE=off."""
+    """The compile cache the run of train.py as it is now starts from: its configuration's base for this tag's
+    threads per run (compiled.key), filled by a compile phase the first time, from a copy of its champion's;
+    None when the tag was set up with AUTORESEARCH_COMPILE_CACHE=off."""
     if config.compile_cache == "off":
         return None
-    champion = tags.last_kept_commit(repo, config, rows)
-    source = git.git(repo, "show", f"{champion}:{EDITABLE}", strip=False)
-    return compiled.ensure_base(fixed_half, tags.config_of(repo, champion), config, source, protection, log)
+    champion = compiled.key(tags.config_of(repo, tags.last_kept_commit(repo, config, rows)), config)
+    return compiled.ensure_base(fixed_half, planned_config(repo), config, (repo / EDITABLE).read_text(), protection, log,
+                                start_from=champion)
 
 
 def crash_hint(commit: str) -> str:

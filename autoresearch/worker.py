@@ -145,7 +145,7 @@ class Worker:
                 "copy": str(self.copy), "pid": os.getpid()}
 
     def run(self, job: dict) -> dict:
-        """One run of job["source"] as train.py (see driver.Job); the execution, for the driver to record."""
+        """One run of job["source"] as train.py (see jobs.Job); the execution, for the driver to record."""
         if self.error:
             raise WorkerRefused(self.error)
         (self.copy / state.EDITABLE).write_text(job["source"])
@@ -160,11 +160,11 @@ class Worker:
         pending = {"run_id": job["run_id"], "tag": self.config.tag, "processes": []}
         state.atomic_json(pending_path, pending)
         base = None
-        if self.config.compile_cache != "off" and job.get("champion_source"):
-            try:
+        if self.config.compile_cache != "off" and job.get("source"):
+            try:  # the run's own configuration's base, new ones from a copy of the champion's
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
-                    self.fixed, job["champion"], self.config, job["champion_source"], self.protection,
-                    log=lambda *a: None))
+                    self.fixed, job["config"], self.config, job["source"], self.protection, log=lambda *a: None,
+                    start_from=compiled.key(job["champion"], self.config) if job.get("champion") else None))
             except compiled.Tampered as e:
                 pending_path.unlink(missing_ok=True)
                 return dict(where, status="refused", reason=str(e), result=None, evaluation={},

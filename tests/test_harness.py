@@ -346,20 +346,23 @@ def test_a_compile_base_is_named_by_what_changes_the_compiled_code():
 
 
 @pytest.mark.slow
-def test_every_run_compiles_warm_from_its_tags_base_and_two_thread_counts_get_two_bases(repo, env, small_cache,
-                                                                                        tmp_path):
-    """The shipped train.py compiles (USE_COMPILE). The champion's compile phase fills a base (no data, outside the
-    budget), and every run trains from a private copy of it that is thrown away: a tag's first run compiles as warm
-    as its second (cold, the first step takes ~40-80 s on 2 cores; warm, a few seconds), and no run leaves anything
-    in the base. A base filled at 2 threads served a 1-thread run nothing (inductor's CPU kernels specialize on the
-    thread count: compiled.key): the second tag's runs compiled cold inside their budget. Now each tag's threads
-    per run get their own base and compile phase, and the run's log names the base. One tag at this machine's
-    cores (two runs, in the sandbox where there is one), one pinned to a single core (1 thread per run, as each run
-    of `--workers 2` on 2 cores); then `clean` keeps both bases and deletes an old-layout one (named by the
-    configuration alone). One test, not two: each cold compile phase is most of a minute on 2 cores."""
+def test_every_run_compiles_warm_from_its_configurations_base_and_two_thread_counts_get_two_bases(
+        repo, env, small_cache, tmp_path):
+    """The shipped train.py compiles (USE_COMPILE). A configuration's compile phase fills its base (no data,
+    outside the budget) before its first run, and every run trains from a private copy of it that is thrown away:
+    a tag's first run compiles as warm as its second (cold, the first step takes ~40-80 s on 2 cores; warm, a few
+    seconds), and no run leaves anything in the base. A change of shape gets a phase of its own, from a copy of
+    its champion's base, and starts warm too (it compiled cold inside its budget, and crashed at 10 s: issue 34).
+    A base filled at 2 threads served a 1-thread run nothing (inductor's CPU kernels specialize on the thread
+    count: compiled.key): the second tag's runs compiled cold inside their budget. Now each tag's threads per run
+    get their own base and compile phase, and the run's log names the base. One tag at this machine's cores (the
+    baseline twice and a deeper model, in the sandbox where there is one), one pinned to a single core (1 thread
+    per run, as each run of `--workers 2` on 2 cores); then `clean` keeps the champions' bases and deletes an
+    old-layout one (named by the configuration alone). One test: each cold compile phase is most of a minute on 2
+    cores."""
     import shutil
 
-    from autoresearch import compiled, sandbox
+    from autoresearch import compiled, decide, ledger, sandbox, state, tagconfig
     from autoresearch.edit import set_constants
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -382,16 +385,21 @@ def test_every_run_compiles_warm_from_its_tags_base_and_two_thread_counts_get_tw
         return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env, text=True,
                               capture_output=True, timeout=600, preexec_fn=pin and (lambda: os.sched_setaffinity(0, pin)))
 
-    logs, caches, first_steps, wide_base = {}, {}, {}, []
-    for tag, pin, runs in (("wide", None, 2), ("narrow", {cores[0]}, 1)):
+    def base_of(log):
+        [name] = re.findall(r"^compile cache: started from base (\S+) ", log, re.M)
+        return name
+
+    logs, outs, caches, first_steps, champion_base = {}, {}, {}, {}, []
+    for tag, pin, runs in (("wide", None, ("baseline", "baseline", "deeper")), ("narrow", {cores[0]}, ("baseline",))):
         sh(repo, "git", "checkout", "-q", "main")
         setup = ("--sandbox", wide_sandbox) if tag == "wide" else ()
         assert cli_on(pin, "setup", "--tag", tag, "--decision", "naive", *setup).returncode == 0
-        for n in range(runs):
+        for n, what in enumerate(runs):
+            if what == "deeper":  # a change of shape: none of its kernels is in the champion's base
+                (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"DEPTH": 2}, "cpu"))
             out = cli_on(pin, "run", "-m", f"{tag} {n}")
             assert out.returncode == 0, out.stdout + out.stderr
-            # one compile phase per base: the tag's first run fills it, its second starts from it as it is
-            assert ("compile phase for base" in out.stdout) == (n == 0), out.stdout
+            outs[tag, n] = out.stdout
             run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
             log = (run_dir / "run.log").read_text()
             assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
@@ -400,26 +408,34 @@ def test_every_run_compiles_warm_from_its_tags_base_and_two_thread_counts_get_tw
             first_steps[tag, n] = float(re.search(r"^training=\S+ compile=([\d.]+)s", log, re.M).group(1))
             caches[tag, n] = re.search(r"^caches: .*$", log, re.M)
             if tag == "wide":
-                [name] = re.findall(r"^compile cache: started from base (\S+) ", log, re.M)
-                wide_base.append(compiled.state(compiled.root(cache) / name))
-    # warm every run, the first of each tag too: every graph from its base, none compiled in the budget (keyed by
-    # configuration alone, narrow missed)
+                champion_base.append(compiled.state(compiled.root(cache) / base_of(logs["wide", 0])))
+    # one compile phase per configuration and thread count, before its first run: the baseline's repeat has none
+    assert ["compile phase for base" in out for out in outs.values()] == [True, False, True, True], outs
+    # the deeper model's phase started from a copy of its champion's base
+    assert f"from a copy of base {base_of(logs['wide', 0])})" in outs["wide", 2], outs["wide", 2]
+    # warm every run, the first of each tag and the change of shape too: every graph from its base, none compiled
+    # in the budget (keyed by configuration alone, narrow missed; from the champion's base, deeper missed)
     assert all(compiled_warm(log) for log in logs.values()), (caches, first_steps)
     assert f"threads={len(cores)}" in logs["wide", 0] and "threads=1" in logs["narrow", 0]
-    # no run left anything in the base it started from
-    assert wide_base[0] == wide_base[1] and any("fxgraph" in p for p in wide_base[0])
-    assert wide_sandbox == "off" or any("headers" in p for p in wide_base[0])  # the sandbox's /tmp/torchinductor_*
+    # no run and no phase left anything in the champion's base
+    assert champion_base[0] == champion_base[1] == champion_base[2] and any("fxgraph" in p for p in champion_base[0])
+    assert wide_sandbox == "off" or any("headers" in p for p in champion_base[0])  # the sandbox's /tmp/torchinductor_*
     records = {p.name.removesuffix(".done"): json.loads(p.read_text()) for p in compiled.root(cache).glob("*.done")}
-    assert len(records) == 2 and all(r["ok"] for r in records.values()), records  # a phase per thread count
+    assert len(records) == 3 and all(r["ok"] for r in records.values()), records  # a phase per base
     for (tag, n), log in logs.items():
-        [name] = re.findall(r"^compile cache: started from base (\S+) ", log, re.M)
+        name = base_of(log)
         assert name in records and f"-t{len(cores) if tag == 'wide' else 1}-" in name
+    assert base_of(logs["wide", 2]) != base_of(logs["wide", 0])
 
     old = compiled.root(cache) / name.split("-")[0]  # a base of the old layout, keyed by the configuration alone
     shutil.copytree(compiled.root(cache) / name, old)
     (old.parent / f"{old.name}.done").write_text("{}")
     dry = cli_on(None, "clean")
     assert dry.returncode == 0 and f"{old}  (" in dry.stdout and "old layout" in dry.stdout, dry.stdout
-    assert not any(str(compiled.root(cache) / n) in dry.stdout for n in records), dry.stdout
+    # the champions' bases stay (each tag's, at its threads); the other configuration's base is offered
+    champions = {compiled.key(decide.champion(ledger.read(state.results(repo), t)).key,
+                              tagconfig.read(state.tag_file(repo, t))) for t in ("wide", "narrow")}
+    assert len(champions) == 2 and champions < set(records), (champions, records)
+    assert all((str(compiled.root(cache) / n) in dry.stdout) == (n not in champions) for n in records), dry.stdout
     assert cli_on(None, "clean", "--yes").returncode == 0
-    assert not old.exists() and all((compiled.root(cache) / n).is_dir() for n in records)
+    assert not old.exists() and all((compiled.root(cache) / n).is_dir() == (n in champions) for n in records)
