@@ -107,15 +107,22 @@ class ExternalAgent:
         self.argv = command_for(spec)
         self.name = spec
         self.last_outcome = None
-        self.private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # its session's private state
 
     def propose(self, context: dict) -> str:
+        """One session of the agent: its change to train.py, described."""
+        private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
+        try:
+            return self._session(context, private)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    def _session(self, context: dict, private: Path) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
         if self.confined():  # no validation or test tokens within its reach (confine.wrap_agent)
-            argv = confine.wrap_agent(argv, self.workdir, private=self.private)
+            argv = confine.wrap_agent(argv, self.workdir, private=private)
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])
@@ -166,7 +173,6 @@ class ExternalAgent:
         """End the agent's process group if it is still thinking (a parallel loop stopping from another thread)."""
         if self.proc is not None and self.proc.poll() is None:
             _kill_group(self.proc)
-        shutil.rmtree(self.private, ignore_errors=True)
 
 
 class WorkerProposers:

@@ -20,8 +20,8 @@ from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
 
-RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss", "COMPILE_ONLY_ENV")  # what the harness
-#                                                                                               reads of runtime.py
+# what the harness reads of runtime.py
+RUNTIME = ("STEP_RE", "FAST_FAIL", "step_line", "run_seed", "check_loss", "COMPILE_ONLY_ENV", "PEAK_FILE")
 
 
 def contract():

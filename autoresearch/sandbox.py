@@ -41,7 +41,6 @@ VIEW_DIR = "data"        # in a run's directory: the training's data view (read-
 OUT_DIR = "out"          # in a run's directory: the only directory the training writes
 COMPILE_DIR = "compile"  # in a run's directory: the run's private, throwaway copy of the compile cache
 SOURCE = "train.py"      # in a run's directory: the train.py the run checked, the one its sandbox shows
-PEAK_FILE = "peak_flops.json"  # the tag's device measurements, written into the view by the harness
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda", "/sys")
 
 
@@ -73,8 +72,9 @@ def make_view(run_dir: Path, cache: Path, manifest: dict, peaks: dict | None = N
     (view / manifest["data_dir"]).mkdir(parents=True, exist_ok=True)
     for name in ("manifest.json", "tokenizer.json"):
         shutil.copyfile(cache / name, view / name)
-    if peaks:
-        (view / PEAK_FILE).write_text(json.dumps(peaks, indent=1))
+    if peaks:  # where runtime.py reads them (its PEAK_FILE, defined there once)
+        import runtime
+        (view / runtime.PEAK_FILE).write_text(json.dumps(peaks, indent=1))
     if tokens:
         for rel in training_files(manifest):
             (view / rel).symlink_to((cache / rel).resolve())
