@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import fixed, guard, machine, processes, sandbox, tags
@@ -101,15 +102,22 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
     return env
 
 
-def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, protection: str, log=print,
-                start_from: str | None = None) -> Path:
-    """The base for the runs of configuration config_id (train_source) under tag `config` (named by key()),
-    filled by a compile phase if it has none yet, starting from a copy of base `start_from` (its champion's, a
-    key()) when that one is ready. One phase at a time per base: parallel workers on one machine share the data
-    cache, so they share its bases. fixed_half: the tag's fixed.FixedHalf (its clean files, data cache and
-    manifest)."""
+@dataclass(frozen=True)
+class Wanted:
+    """The train.py a base is for: its configuration (tags.config_of), its source, and its champion's
+    configuration, whose base a new one starts from ("" for none)."""
+    config_id: str
+    source: str
+    champion: str = ""
+
+
+def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=print) -> Path:
+    """The base for the runs of configuration `wanted` under tag `config` (named by key()), filled by a compile
+    phase if it has none yet, starting from a copy of its champion's base when that one is ready. One phase at a
+    time per base: parallel workers on one machine share the data cache, so they share its bases. fixed_half:
+    the tag's fixed.FixedHalf (its clean files, data cache and manifest)."""
     cache = fixed_half.cache
-    name = key(config_id, config)
+    name = key(wanted.config_id, config)
     base = base_dir(cache, name)
     if ready(cache, name) is not None and base.is_dir():
         try:
@@ -122,7 +130,7 @@ def ensure_base(fixed_half, config_id: str, config: Tag, train_source: str, prot
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
             return base
-        return _fill(fixed_half, name, train_source, config, protection, log, start_from)
+        return _fill(fixed_half, name, wanted, config, protection, log)
 
 
 def _start(base: Path, start_from: str | None) -> str:
@@ -141,13 +149,12 @@ def _start(base: Path, start_from: str | None) -> str:
     return "empty"
 
 
-def _fill(fixed_half, name: str, train_source: str, config: Tag, protection: str, log,
-          start_from: str | None = None) -> Path:
+def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, log) -> Path:
     cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
-    started = _start(base, start_from)
+    started = _start(base, key(wanted.champion, config) if wanted.champion else None)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     try:
-        (work / "train.py").write_text(train_source)
+        (work / "train.py").write_text(wanted.source)
         fixed.write_sources(fixed_half.sources, work)
         view = sandbox.make_view(work, cache, fixed_half.manifest, config.peak_flops, tokens=False)
         argv = [sys.executable, "train.py"]

@@ -235,9 +235,9 @@ def compile_base(repo: Path, config: Tag, rows: list[ledger.Row], fixed_half: fi
     None when the tag was set up with AUTORESEARCH_COMPILE_CACHE=off."""
     if config.compile_cache == "off":
         return None
-    champion = compiled.key(tags.config_of(repo, tags.last_kept_commit(repo, config, rows)), config)
-    return compiled.ensure_base(fixed_half, planned_config(repo), config, (repo / EDITABLE).read_text(), protection, log,
-                                start_from=champion)
+    champion = tags.config_of(repo, tags.last_kept_commit(repo, config, rows))
+    wanted = compiled.Wanted(planned_config(repo), (repo / EDITABLE).read_text(), champion)
+    return compiled.ensure_base(fixed_half, config, wanted, protection, log)
 
 
 def crash_hint(commit: str) -> str:

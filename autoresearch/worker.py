@@ -162,9 +162,9 @@ class Worker:
         base = None
         if self.config.compile_cache != "off" and job.get("source"):
             try:  # the run's own configuration's base, new ones from a copy of the champion's
+                wanted = compiled.Wanted(job["config"], job["source"], job.get("champion", ""))
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
-                    self.fixed, job["config"], self.config, job["source"], self.protection, log=lambda *a: None,
-                    start_from=compiled.key(job["champion"], self.config) if job.get("champion") else None))
+                    self.fixed, self.config, wanted, self.protection, log=lambda *a: None))
             except compiled.Tampered as e:
                 pending_path.unlink(missing_ok=True)
                 return dict(where, status="refused", reason=str(e), result=None, evaluation={},

@@ -111,7 +111,7 @@ def main():
     print(f"profile={train.PROFILE} threads={torch.get_num_threads()} seq={MAX_SEQ_LEN} vocab={vocab} "
           f"batch={train.TOTAL_BATCH_SIZE} tokens/step eval rows={train.EVAL_BATCH_SIZE}\n"
           f"dtype: {dtype_reason}\ncompile: {compile_reason}\n")
-    print(f"| configuration | parameters | first step s | tok/s | MFU % | export s | evaluation s |")
+    print("| configuration | parameters | first step s | tok/s | MFU % | export s | evaluation s |")
     print("|---|---|---|---|---|---|---|")
     default = None
     rows = [(f"{s} (depth x width)", *map(int, s.split("x")), vocab) for s in args.shapes]

@@ -195,7 +195,7 @@ def main() -> int:
     print(json.dumps(record), flush=True)
     for r in results:
         r["final"] = mean(final[r["arm"]])
-    print(f"\n| arm | experiments | runs | kept | champion (fresh seeds, at the end) | "
+    print("\n| arm | experiments | runs | kept | champion (fresh seeds, at the end) | "
           + ("gain over the default |" if args.night else "recovered |") + " loop minutes |")
     print("|---|---|---|---|---|---|---|")
     for r in results:

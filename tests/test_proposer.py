@@ -2,7 +2,6 @@
 holds. Rows are written as the harness writes them (a commit per candidate, its train.py blob as its config)."""
 
 import collections
-import statistics
 
 import pytest
 

@@ -77,7 +77,7 @@ def test_a_run_that_paid_a_cold_compile_is_not_pruned():
     rng = random.Random(3)
     champion = [run(3.0, rng) for _ in range(3)]
     hopeless = f"step={prune.MIN_STEP + 50:6d} | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=60s | epoch=1"
-    first_line = f"step=     1 | loss=8.3000 | tok/s=1 | mfu=1.0% | elapsed={{}}s | epoch=1"
+    first_line = "step=     1 | loss=8.3000 | tok/s=1 | mfu=1.0% | elapsed={}s | epoch=1"
     warm = prune.Reference(BUDGET, champion, [champion], cold_after=15.0)
     assert warm.check(6, first_line.format(6)) is None and warm.cold is False
     assert warm.check(60, hopeless)  # a warm start: judged as usual
