@@ -152,7 +152,9 @@ def main(argv=None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
-    from autoresearch import background
+    from autoresearch import background, processes
+    if args.command in ("run", "loop"):  # they start trainings, which may run as this user (docs/integrity.md)
+        processes.not_dumpable()
     code = FAILED
     try:
         code = _checked(args)

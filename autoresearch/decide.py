@@ -11,10 +11,9 @@ heavier tails.
 
 The rule (run.py applies it after every run; the numbers behind its constants are in BENCHMARKS.md):
 - the baseline runs BASELINE_RUNS times: the first champion and the first noise estimate;
-- a candidate runs once; worse than the champion's mean by more than DISCARD_MARGIN noise sigmas: discard,
-  unless its first step took more than COLD_COMPILE_S seconds and COLD_COMPILE of its budget (a cold
-  torch.compile inside the budget: its compile phase failed or the tag has no compile cache, compiled.py; or a
-  stall), which always earns it a second run;
+- a candidate runs once; worse than the champion's mean by more than DISCARD_MARGIN noise sigmas: discard
+  (every run starts from its own configuration's compile cache, compiled.py, so no first run pays a compile its
+  later runs do not: a rule that gave a run reporting a slow first step a second chance read train.py's word);
 - otherwise it runs again (status `confirm`), each time with a new seed, until P(better) >= P_KEEP (keep: it is
   the new champion and the branch holds it), P(better) < P_CONTINUE (discard: its mean is no better), or
   MAX_RUNS runs (discard: undecided).
@@ -51,16 +50,8 @@ P_KEEP = 0.98          # keep once P(candidate better than the champion) reaches
 P_CONTINUE = 0.5       # after 2 or more runs, below this the candidate's mean is no better: discard
 DISCARD_MARGIN = 0.5   # after one run: worse than the champion's mean by this many noise sigmas -> discard
 MAX_RUNS = 4           # runs of one candidate before an undecided one is rejected
-COLD_COMPILE = 0.05    # a first run whose first step took more than this fraction of the budget, and more than
-COLD_COMPILE_S = 15.0  # these seconds, is not discarded alone: on 2 CPU cores a new shape's cold compile took
-                       # 25-57 s, a warm one 5-7 s (BENCHMARKS.md, Speed)
 MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed fit before runs are paired
 RULES = ("stat", "naive")
-
-
-def cold_after(budget_s: float) -> float:
-    """Seconds of a first step (compilation included) beyond which a run paid a cold compile (COLD_COMPILE)."""
-    return max(COLD_COMPILE * budget_s, COLD_COMPILE_S)
 
 
 @dataclass(frozen=True)
@@ -193,14 +184,13 @@ def _by_seed(runs, config: str) -> dict[int, float]:
     return {s: fmean(vs) for s, vs in out.items()}
 
 
-def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS,
-           cold: bool = False) -> Verdict:
+def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS) -> Verdict:
     """The rule above for a candidate's runs against the champion's, taken as independent samples."""
-    return rule(len(candidate), unpaired(candidate, champion, noise) if noise else None, max_runs, cold)
+    return rule(len(candidate), unpaired(candidate, champion, noise) if noise else None, max_runs)
 
 
-def rule(n: int, comparison: Comparison | None, max_runs: int = MAX_RUNS, cold: bool = False) -> Verdict:
-    """The rule above, after the candidate's n-th run; `cold`: that run paid a cold compile (see COLD_COMPILE)."""
+def rule(n: int, comparison: Comparison | None, max_runs: int = MAX_RUNS) -> Verdict:
+    """The rule above, after the candidate's n-th run."""
     if comparison is None:  # neither has repeats yet: nothing to judge a difference by
         if n >= max_runs:
             return Verdict("discard", f"undecided after {n} runs (no noise estimate)", None)
@@ -209,8 +199,6 @@ def rule(n: int, comparison: Comparison | None, max_runs: int = MAX_RUNS, cold: 
     how = " (paired)" if comparison.paired else ""
     gap = -comparison.diff / comparison.sigma if comparison.sigma else 0.0
     if n == 1:
-        if gap > DISCARD_MARGIN and cold:
-            return Verdict("confirm", f"{gap:.1f} sigma worse after one run{how}, but it paid a cold compile", p)
         if gap > DISCARD_MARGIN:
             return Verdict("discard", f"{gap:.1f} sigma worse after one run{how}", p)
         return Verdict("confirm", f"P {p:.3f} after one run{how}", p)

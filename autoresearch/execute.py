@@ -103,10 +103,10 @@ CHECKS = (
                 "writes the result and the model once, when training is over")),
     ("refused", lambda f: f.result["time_budget"] != f.budget,
      lambda f: f"the run used a {f.result['time_budget']} s budget, not {f.budget} s"),
-    ("refused", lambda f: f.result["seed"] != f.seed or f.result.get("data_seed") not in (None, f.seed),
+    ("refused", lambda f: f.result["seed"] != f.seed or f.result.get("data_seed") != f.seed,
      lambda f: (f"the run used seed {f.result['seed']} (data order: {f.result.get('data_seed')}), not the "
-                f"harness's {f.seed}: train.py must seed from AUTORESEARCH_SEED, so that repeats are independent "
-                "samples")),
+                f"harness's {f.seed}: train.py must seed from AUTORESEARCH_SEED and take its batches from "
+                "prepare.make_dataloader, so that repeats are independent samples")),
     ("crash", lambda f: _over_time(f) and _first_step(f) > f.budget,
      lambda f: (f"the first step (compilation and warm-up) took {_first_step(f):.0f} s, more than the whole "
                 f"{f.budget:g} s budget: this budget is too short for this train.py. Use a longer budget, or "

@@ -66,6 +66,20 @@ def reap(identities) -> None:
             continue
 
 
+def not_dumpable() -> bool:
+    """Linux: no other non-root process of this uid may ptrace this one or open its /proc memory and files
+    (PR_SET_DUMPABLE 0). A harness that trains without a sandbox runs the training as the same user: without this
+    (and without Yama's ptrace scope) the training could write the harness's memory. Its children are dumpable
+    again after exec, as they must be for the harness to read their /proc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        return False
+
+
 def become_subreaper() -> bool:
     """Linux: orphaned descendants (a daemon that double-forks, a setsid escapee whose parent died) are
     re-parented to this process instead of init, so they stay in its process tree and can be found."""

@@ -13,9 +13,8 @@ between runs of one configuration, pooled over every configuration with repeats;
 
 with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
 repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
-nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning), nor a run whose
-first step line came after decide.cold_after (a cold compile inside the budget, where its compile phase
-failed; the decision rule gives it a second run). Only a candidate's first run is: a candidate the rule
+nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning). Only a candidate's
+first run is: a candidate the rule
 sent to confirmation is promising, and a run near its budget's end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
 benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
@@ -81,8 +80,6 @@ class Reference:
     budget: float
     champion: list[list[tuple[float, float]]]   # one curve per champion run
     repeats: list[list[list[tuple[float, float]]]]  # per configuration with >= 2 runs, its runs' curves
-    cold_after: float = math.inf  # a run whose first step line comes later paid a cold compile: never pruned
-    cold: bool | None = None      # check()'s finding on the run in flight (None: no step line seen yet)
 
     def noise(self, t: float) -> tuple[float, int] | None:
         """Pooled standard deviation of the loss at t between runs of one configuration, and its degrees of
@@ -100,12 +97,6 @@ class Reference:
         """verdict() for the newest step line of a run in flight (supervise.run_training's prune), from its
         MIN_STEP-th step on."""
         m = re.search(r"\bstep=\s*(\d+)\b.*\bloss=(\S+)", line or "")
-        if m and elapsed is not None and self.cold is None:
-            # A cold compile inside the budget (25-57 s on 2 CPU cores, against 5-7 s warm; its compile phase
-            # failed): it is behind the champion by that time at every moment (the rule gives it a second run)
-            self.cold = elapsed > self.cold_after
-        if self.cold:
-            return None
         try:
             return self.verdict(elapsed, float(m.group(2))) if m and int(m.group(1)) >= MIN_STEP else None
         except ValueError:
@@ -148,8 +139,7 @@ def reference(rows, budget: float, log_of, step_re) -> Reference | None:
         points = curve(text, step_re) if text else []
         if points:
             curves.setdefault(r.key, []).append(points)
-    return Reference(budget, curves.get(champ.key, []), [runs for runs in curves.values() if len(runs) >= 2],
-                     decide.cold_after(budget))
+    return Reference(budget, curves.get(champ.key, []), [runs for runs in curves.values() if len(runs) >= 2])
 
 
 def log_reader(runs_dir: Path, log_name: str):

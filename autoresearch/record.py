@@ -73,7 +73,7 @@ def test_threshold(rows: list[ledger.Row], config: Tag, rule: str) -> float | No
 
 
 def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: tuple[str, int, float],
-          best_before: float | None, cold: bool = False) -> tuple[str, dict]:
+          best_before: float | None) -> tuple[str, dict]:
     """The status of a finished run, run = (its configuration, seed, val_bpb), and the statistics its row carries
     (decide.py). best_before: the best single run's val_bpb before it (the naive rule's bar)."""
     config_id, seed, val_bpb = run
@@ -92,7 +92,7 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
     if config_id == champ_row.key:
         return "keep", dict(stats, decision="a repeat of the champion")
     comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
-    verdict = decide.rule(len(mine), comparison, cold=cold)
+    verdict = decide.rule(len(mine), comparison)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
@@ -112,9 +112,7 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
                                  if series is not None and series.kind == "candidate" else ""), **common)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     val_bpb = ex.evaluation["val_bpb"]
-    cold = (ex.result.get("compile_seconds") or 0) > decide.cold_after(config.budget_s)  # compiled cold in its budget
-    status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None,
-                          cold)
+    status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None)
     test_bpb = ex.evaluation.get("test_bpb")
     flags = [decide.identical_flag(rows, ran.config, val_bpb, ran.seed)]
     if status == "keep":

@@ -161,7 +161,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     known = [processes.identity(proc.pid) or [proc.pid, 0.0]]
     pending["processes"] = known
     state.atomic_json(pending_path, pending)
-    start = time.time()
+    start = time.monotonic()  # not the wall clock: a root training without a sandbox can set that back
     meter = machine_load.Meter()
     children_before = children_cpu()
     result_path = out / contract.RESULT_FILE
@@ -169,7 +169,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     timed_out = False
     try:
         while proc.poll() is None:
-            now = time.time()
+            now = time.monotonic()
             if result_after is None and os.path.lexists(result_path):
                 result_after = now - start
                 cpu_at_result = machine_load.tree_cpu_seconds(known)
@@ -192,7 +192,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     finally:
         # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
         # result.json written at once buys no time.
-        done_after = time.time() - start
+        done_after = time.monotonic() - start
         processes.reap_zombies(keep={*spare, *([proc.pid] if proc.returncode is None else [])})
         # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
         cpu_at_done = machine_load.tree_cpu_seconds(known) + (children_cpu() - children_before)
@@ -202,7 +202,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
         processes.reap(known)
         survivors = processes.end_descendants(spare)  # forked while the tree was being killed: re-parented here
         log.close()
-    wall = time.time() - start
+    wall = time.monotonic() - start
     tree_cpu = children_cpu() - children_before
     final = files_state(out)
     if result_after is None and final[contract.RESULT_FILE] is not None:

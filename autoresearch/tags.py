@@ -25,10 +25,12 @@ from autoresearch.tagconfig import Tag
 
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
 # Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
-# the check): a fixed part plus a share of the budget, recorded in the tag at setup. The default model needs
-# ~5 s on 2 CPU cores outside a 300 s budget (BENCHMARKS.md); a GPU adds CUDA and kernel start-up.
-ALLOWANCE_FIXED = {"cpu": 10.0, "gpu": 30.0}
-ALLOWANCE_SHARE = 0.1
+# the check), recorded in the tag at setup. Fixed, not a share of the budget: what happens outside the budget does
+# not grow with it, and a training can spend the unused part of the allowance training (it owns its clock): given
+# the old 10 s + 10% (40 s at 300 s), a red-team train.py that slowed its own clock trained 38 s of a 10 s budget
+# and was kept (at 300 s, about 0.011 bpb a run). The default model needs 5-7 s on 2 CPU cores (BENCHMARKS.md), so 15 s leaves a stall 8 s and an
+# attacker at most 8 s of 300 (about 0.003 bpb, a fifth of one run's noise); a GPU adds CUDA and kernel start-up.
+ALLOWANCE_FIXED = {"cpu": 15.0, "gpu": 30.0}
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -69,10 +71,15 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     import prepare
     budget, clock = fixed.budget(), fixed.clock()
     profile = prepare.require_manifest()["profile"]
+    hardware = machine.hardware()
+    if clock == "cpu" and hardware.get("device") != "cpu":
+        # CPU seconds do not count a GPU's work: a training that waits on the GPU sleeping would never run out
+        raise HarnessError(f"AUTORESEARCH_BUDGET_CLOCK=cpu measures CPU seconds, and this machine trains on "
+                           f"{hardware.get('device')}: its work would not be counted. Unset it (the wall clock).")
     config = Tag(tag=tag, branch=name, fingerprint=fingerprint, budget_s=budget, clock=clock,
-                 base_commit=git.head(repo), fixed_sha256=digests, hardware=machine.hardware(),
+                 base_commit=git.head(repo), fixed_sha256=digests, hardware=hardware,
                  created=time.strftime("%Y-%m-%dT%H:%M:%S"), protection=protection, decision=rule,
-                 allowance_s=outside_allowance(profile, budget), timeout_s=timeout or default_timeout(budget, clock),
+                 allowance_s=outside_allowance(profile), timeout_s=timeout or default_timeout(budget, clock),
                  draw_id=heldout.new_draw(), compile_cache=compile_cache_mode(),
                  threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
     config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
@@ -177,18 +184,17 @@ def float_or_none(raw: str) -> float | None:
         return None
 
 
-def outside_allowance(profile: str, budget: float) -> float:
+def outside_allowance(profile: str) -> float:
     """Seconds a run may take beyond its budget until its process ends: startup (imports, data, model), the last
-    step's overshoot, the export and check in prepare.finish. A fixed part and a share of the budget (a fixed
-    30 s would be 300% of a 10 s budget); AUTORESEARCH_OUTSIDE_ALLOWANCE at setup overrides it. Recorded in
-    the tag. See docs/integrity.md."""
+    step's overshoot, the export and check in prepare.finish (ALLOWANCE_FIXED); AUTORESEARCH_OUTSIDE_ALLOWANCE at
+    setup overrides it. Recorded in the tag. See docs/integrity.md."""
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
     if raw:
         value = float_or_none(raw)
         if value is None or not value >= 0:
             raise HarnessError(f"AUTORESEARCH_OUTSIDE_ALLOWANCE={raw!r} is not a number of seconds.")
         return value
-    return round(ALLOWANCE_FIXED[profile] + ALLOWANCE_SHARE * budget, 3)
+    return ALLOWANCE_FIXED[profile]
 
 
 def threads_per_run(config: Tag) -> int:

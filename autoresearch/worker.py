@@ -84,6 +84,7 @@ class Worker:
         self.threads = tags.threads_per_run(config)
         self.error = None
         _exit_with_parent()
+        processes.not_dumpable()  # its trainings may run as this user
         try:
             self._setup(repo_path, sandbox_mode)
         except (WorkerRefused, errors.HarnessError, git.GitError, sandbox.SandboxError) as e:

@@ -729,6 +729,11 @@ ATTACKS = [
            lambda c: attack(stats=', "seed": 1234'), "refused", "not the harness's",
            "the data order takes the harness's seed; the result's seed must be the run's",
            setup=("--sandbox", "off")),
+    Attack("own-data-order", "train.py takes its batches in an order of its own: the seed make_dataloader used is "
+           "not reported (so that every repeat sees the same batches and repeats the same luck)",
+           lambda c: attack(before_finish="prepare._data_seed.clear()"), "refused", "not the harness's",
+           "a run must report the data order make_dataloader drew with the harness's seed (the lazy path: one that "
+           "overwrites that record escapes, docs/integrity.md's residual risks)", setup=("--sandbox", "off")),
     Attack("scaled-tolerance", "a model reading the next token (+40 on its logit) adds 2**20 to every logit of "
            "position 0, so that a tolerance scaled by the logits' size lets everything through",
            lambda c: attack(init=SCALED_TOLERANCE, forward=SCALED_FORWARD), "refused", "not causal",

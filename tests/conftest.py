@@ -126,7 +126,7 @@ def env(small_cache):
     quiet machine (the tests pass next to other work; the load guard's tests set AUTORESEARCH_LOAD_LIMIT), and no
     early pruning (a 2 s run's loss curve is a handful of points; test_harness's first test turns it on), and
     STALL_ROOM seconds allowed outside the budget: an honest run's process took 20 s to end on a stalled machine,
-    past the default 10.4 s, and was refused (the allowance has its own tests, which set it)."""
+    past the 10.4 s allowed then, and was refused (the allowance has its own tests, which set it)."""
     return dict(os.environ, AUTORESEARCH_CACHE=str(small_cache), AUTORESEARCH_TIME_BUDGET=BUDGET,
                 PYTHONPATH=str(ROOT), AUTORESEARCH_COMPILE_CACHE="off", AUTORESEARCH_LOAD_LIMIT="1000",
                 AUTORESEARCH_PRUNE="off", AUTORESEARCH_OUTSIDE_ALLOWANCE=str(STALL_ROOM))

@@ -378,3 +378,24 @@ def test_a_malformed_seed_by_hand_is_a_clear_error(monkeypatch):
     assert runtime.run_seed() == 7
     monkeypatch.delenv("AUTORESEARCH_SEED")
     assert runtime.run_seed() == 42
+
+
+def test_the_cpu_clock_is_refused_at_setup_on_a_gpu(repo, use_cache, monkeypatch):
+    """CPU seconds do not count a GPU's work: on the cpu clock a training that waits on the GPU sleeping would
+    train until the hard timeout (a red-team finding). Refused before anything is recorded."""
+    from autoresearch import errors, machine, tags
+    monkeypatch.setenv("AUTORESEARCH_BUDGET_CLOCK", "cpu")
+    real = machine.hardware()
+    monkeypatch.setattr(machine, "hardware", lambda: dict(real, device="cuda", name="NVIDIA H100"))
+    with pytest.raises(errors.HarnessError, match="AUTORESEARCH_BUDGET_CLOCK=cpu measures CPU seconds.*cuda"):
+        tags.setup(repo, "gpu-on-cpu-clock")
+    assert not (repo / "results.tsv").exists()
+
+
+def test_the_allowance_outside_the_budget_does_not_grow_with_it(monkeypatch):
+    """train.py owns its clock, so whatever the allowance leaves after its start-up and export it can spend
+    training: given 10 s + 10% of the budget (40 s at 300 s), a red-team train.py that slowed its own clock
+    trained 38 s of a 10 s budget and was kept. Fixed: 15 s on cpu at any budget (docs/integrity.md)."""
+    from autoresearch import tags
+    monkeypatch.delenv("AUTORESEARCH_OUTSIDE_ALLOWANCE", raising=False)
+    assert tags.outside_allowance("cpu") == 15.0 and tags.outside_allowance("gpu") == 30.0

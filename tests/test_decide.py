@@ -40,16 +40,6 @@ def test_a_clear_loss_is_discarded_after_one_run():
     assert verdict.status == "discard" and "sigma worse after one run" in verdict.reason
 
 
-def test_a_first_run_that_paid_a_cold_compile_is_never_discarded_alone():
-    """A new shape's first run loses a minute of its budget to a cold torch.compile; the next run of the same
-    train.py compiles warm. So a loss after one cold run earns a second run, and that run is judged as usual."""
-    champion, noise = [1.65, 1.66, 1.64], Noise(0.005, 8)
-    assert decide([1.70], champion, noise).status == "discard"
-    verdict = decide([1.70], champion, noise, cold=True)
-    assert verdict.status == "confirm" and "cold compile" in verdict.reason
-    assert decide([1.70, 1.69], champion, noise, cold=False).status == "discard"
-
-
 def test_a_slight_loss_within_the_margin_gets_a_second_run_and_is_then_discarded():
     champion, noise = [1.650, 1.650, 1.650], Noise(0.01, 8)
     assert decide([1.654], champion, noise).status == "confirm"  # 0.4 sigma worse: inside DISCARD_MARGIN 0.5

@@ -70,22 +70,6 @@ def test_no_verdict_on_a_run_s_first_steps():
     assert ref.check(5, line.replace("step=     2", f"step={prune.MIN_STEP:6d}"))  # the same loss, later: judged
 
 
-def test_a_run_that_paid_a_cold_compile_is_not_pruned():
-    """A new shape's first run compiles cold and trails the champion (warm) by that time all run long: at a 300 s
-    budget, 50 s behind at 150 s is a loss gap far beyond the noise. The decision rule gives such a run a second
-    run; pruning must not stop it first."""
-    rng = random.Random(3)
-    champion = [run(3.0, rng) for _ in range(3)]
-    hopeless = f"step={prune.MIN_STEP + 50:6d} | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=60s | epoch=1"
-    first_line = "step=     1 | loss=8.3000 | tok/s=1 | mfu=1.0% | elapsed={}s | epoch=1"
-    warm = prune.Reference(BUDGET, champion, [champion], cold_after=15.0)
-    assert warm.check(6, first_line.format(6)) is None and warm.cold is False
-    assert warm.check(60, hopeless)  # a warm start: judged as usual
-    cold = prune.Reference(BUDGET, champion, [champion], cold_after=15.0)
-    assert cold.check(40, first_line.format(40)) is None and cold.cold is True
-    assert cold.check(60, hopeless) is None
-
-
 def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
     """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
     P 0.948); the baseline's and naive runs have no champion curve to trail. Both loops ask run.pruning: the
