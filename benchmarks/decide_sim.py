@@ -14,12 +14,14 @@ for two nearby configurations, BENCHMARKS.md). Two schedules side by side, on th
 --p-keep shows what another threshold would do. A model, not a measurement: BENCHMARKS.md has the measured A/A
 and planted-gain rates (benchmarks/decisions.py).
 
-    python benchmarks/decide_sim.py --drift --trials 1000        # a drifting machine: today's rule and controls
+    python benchmarks/decide_sim.py --drift --trials 1000 --rho 0.5 --cand-rho 0.24 --extra 0   # a drifting machine
+    python benchmarks/decide_sim.py --drift --delta 4 --gains 0 --period 80 --shape recovering    # one corner
 
 --drift: a machine whose speed drifts (issue 33). Every run takes --run-s seconds of the machine (budget and
 overhead), experiments are --gap s apart, and the machine is slow for --period s, then normal for --period s, in
-turn, from a random phase. A run's val_bpb is worse by delta sigmas times the share of its time in a slow period
-(a third slower cost ~4 sigmas at 10 steps; --delta takes several). The tag's history is as above (the champion's
+turn, from a random phase (--shape: or a steady recovery, or a steady slowdown, over each cycle). A run's val_bpb
+is worse by delta sigmas times its mean slowness (a third slower cost ~4 sigmas at 10 steps; --delta takes
+several). The tag's history is as above (the champion's
 BASELINE_RUNS runs, --extra configurations of 2 runs each, in that order, then the candidate). On the same draws
 (the same machine, seed effects and per-run noise), the rules:
 - today: paired seeds against the champion's runs, wherever in time they were made (decide.compare + rule);
@@ -29,12 +31,14 @@ BASELINE_RUNS runs, --extra configurations of 2 runs each, in that order, then t
 - control-alt: the same, the order alternating (candidate-control, control-candidate, ...), so a drift that is
   linear over two pairs cancels in their mean;
 - control-random: the same, each pair's order drawn at random: no drift, periodic or not, can line up with the
-  order (an alternating order meets a drift whose cycle is three runs long with every candidate run in one phase
-  and every control in the other);
-- screen-alt, screen-random: the candidate's first run is screened as today (decide.compare against all the
-  champion's runs, discard beyond DISCARD_MARGIN), and only a survivor gets controls: its first run's control
-  right after it, then pairs alternating, or in random order; the decision from the second pair on uses the d's
-  only.
+  order. Any fixed order meets some periodic drift in step, every candidate run in one phase and every control
+  in the other (try --period 45 or 80 with 40 s runs);
+- screen-random: the candidate's first run is screened as today (decide.compare against all the champion's
+  runs, discard beyond DISCARD_MARGIN), and only a survivor gets controls: its first run's control right after
+  it, then pairs in random order; the decision from the second pair on uses the d's only;
+- screen-fixed: the same, the later pairs always control first: the candidate's run completes every pair that
+  decides, so its row can carry the verdict, as it does today (a pair completed by a control would need a row
+  of its own for the verdict).
 In the control rules the tag's other configurations had controls too (their d's feed the pooled noise), and the
 champion's runs include every control. Runs per decision count the controls.
 """
@@ -85,7 +89,7 @@ def trial(rng: random.Random, gain: float, rho: float, extra: int, cand_rho: flo
 
 
 # --- a drifting machine -----------------------------------------------------------------------------------------
-DRIFT_RULES = ("today", "control", "control-alt", "control-random", "screen-alt", "screen-random")
+DRIFT_RULES = ("today", "control", "control-alt", "control-random", "screen-random", "screen-fixed")
 RUN_S = 40.0     # seconds of the machine per run: a 10 s budget took 22 s per run on 2 cores, 30 s about 50 s
 GAP_S = 10.0     # seconds between two experiments (the agent's edit and commit)
 PERIOD_S = 180.0 # seconds of each slow and each normal period (the 2-core VM drifted for minutes at a time)
@@ -110,27 +114,40 @@ def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: decide.No
     return decide.Comparison(-statistics.fmean(mine), math.sqrt(var / len(mine)), df, runs_noise.sigma, True)
 
 
-class Machine:
-    """Slow for `period` s, normal for `period` s, in turn, from a random phase: a run's shift in sigmas."""
+SHAPES = ("square", "recovering", "slowing")  # the drift's shape over one cycle of 2 * period (see Machine)
 
-    def __init__(self, rng: random.Random, delta: float, period: float, run_s: float):
-        self.delta, self.period, self.run_s = delta, period, run_s
+
+class Machine:
+    """The machine's slowness over time, from a random phase, repeating every 2 * period s: `square` is slow for
+    period s, then normal for period s (what drift.py makes); `recovering` turns slow at once, then speeds up
+    steadily back to normal over the cycle; `slowing` slows down steadily, then is normal again at once. A run's
+    shift in sigmas is delta times its mean slowness (0: normal, 1: slow)."""
+
+    def __init__(self, rng: random.Random, delta: float, period: float, run_s: float, shape: str = "square"):
+        self.delta, self.period, self.run_s, self.shape = delta, period, run_s, shape
         self.offset = rng.uniform(0, 2 * period)
 
     def _slow_time(self, t: float) -> float:
-        """Seconds of slow periods in [0, t) of the phase."""
+        """Seconds of slowness in [0, t) of the phase (square)."""
         cycles, into = divmod(t + self.offset, 2 * self.period)
         return cycles * self.period + min(into, self.period)
 
+    def _level(self, t: float) -> float:
+        into = (t + self.offset) % (2 * self.period) / (2 * self.period)
+        return 1 - into if self.shape == "recovering" else into
+
     def shift(self, t: float) -> float:
-        """How much worse a run made from t to t + run_s is: delta times its share of slow time."""
-        return self.delta * (self._slow_time(t + self.run_s) - self._slow_time(t)) / self.run_s
+        """How much worse a run made from t to t + run_s is."""
+        if self.shape == "square":
+            return self.delta * (self._slow_time(t + self.run_s) - self._slow_time(t)) / self.run_s
+        points = 16
+        return self.delta * statistics.fmean(self._level(t + (i + 0.5) * self.run_s / points) for i in range(points))
 
 
 def drift_trial(rng: random.Random, gain: float, delta: float, rho: float, cand_rho: float, extra: int,
-                run_s: float, gap_s: float, period: float) -> dict[str, tuple[bool, int]]:
+                run_s: float, gap_s: float, period: float, shape: str = "square") -> dict[str, tuple[bool, int]]:
     """One candidate under every rule, on the same draws: {rule: (kept, runs including controls)}."""
-    machine = Machine(rng, delta, period, run_s)
+    machine = Machine(rng, delta, period, run_s, shape)
     seeds = max(decide.BASELINE_RUNS, decide.MAX_RUNS)
     seed_effect = [rng.gauss(0, 1) for _ in range(seeds)]
     noise = {}  # (configuration, seed, which run of it on that seed) -> its own noise, drawn once for every rule
@@ -140,6 +157,8 @@ def drift_trial(rng: random.Random, gain: float, delta: float, rho: float, cand_
         """Whether a configuration's k-th pair (from 0) runs the control first."""
         if rule.endswith("random"):
             return coins.setdefault((config, k), rng.random() < 0.5)
+        if rule == "screen-fixed":
+            return k > 0
         return rule == "control" or k % 2 == 1
 
     out = {}
@@ -223,7 +242,7 @@ def drift_trial(rng: random.Random, gain: float, delta: float, rho: float, cand_
 
 def drift_table(args) -> None:
     rng = random.Random(0)
-    print(f"drift: slow {args.period:g} s / normal {args.period:g} s, {args.run_s:g} s per run, {args.gap_s:g} s "
+    print(f"drift: {args.shape}, slow {args.period:g} s / normal {args.period:g} s, {args.run_s:g} s per run, {args.gap_s:g} s "
           f"between experiments; rho {args.rho[0]:g} (candidate's {args.cand_rho[0] if args.cand_rho else args.rho[0]:g}), "
           f"{args.extra} other configurations; P_KEEP {decide.P_KEEP}, MAX_RUNS {decide.MAX_RUNS}; "
           f"{args.trials} trials per row; kept % (runs per decision)")
@@ -233,7 +252,8 @@ def drift_table(args) -> None:
     cand = args.cand_rho[0] if args.cand_rho else rho
     for delta in args.delta:
         for gain in args.gains:
-            results = [drift_trial(rng, gain, delta, rho, cand, args.extra, args.run_s, args.gap_s, args.period)
+            results = [drift_trial(rng, gain, delta, rho, cand, args.extra, args.run_s, args.gap_s, args.period,
+                                   args.shape)
                        for _ in range(args.trials)]
             cells = []
             for rule in DRIFT_RULES:
@@ -261,6 +281,7 @@ def main() -> None:
     parser.add_argument("--run-s", type=float, default=RUN_S, help="--drift: seconds of the machine per run")
     parser.add_argument("--gap-s", type=float, default=GAP_S, help="--drift: seconds between experiments")
     parser.add_argument("--period", type=float, default=PERIOD_S, help="--drift: seconds of each slow/normal period")
+    parser.add_argument("--shape", choices=SHAPES, default="square", help="--drift: the drift's shape (Machine)")
     args = parser.parse_args()
     if args.p_keep:
         decide.P_KEEP = args.p_keep
