@@ -109,17 +109,21 @@ def experiment_record(kind: str, rule: str, rows_after: list, rows_before: int) 
             "p_better": last.p_better, "mean": last.mean, "description": last.description}
 
 
-SEED_LINE = "    torch.manual_seed(seed)\n"
+SEEDED = ("    torch.manual_seed(seed)", "    run = setup(")  # the line after which torch is seeded: before and
+                                                             # after runtime.setup() took over the seeding
 
 
 def aa_change(source: str, i: int, kind: str) -> str:
     """train.py with the i-th change that cannot matter (see --aa-change)."""
     if kind == "comment":
         return source + f"# A/A change {i}: a comment, which cannot matter\n"
-    if SEED_LINE not in source:
-        raise SystemExit(f"train.py has no line {SEED_LINE.strip()!r} to draw after: use --aa-change comment")
-    return source.replace(SEED_LINE, SEED_LINE + f"    torch.rand({i})  # A/A change {i}: other initial weights, "
-                          "same distribution\n", 1)
+    lines = source.splitlines(keepends=True)
+    at = next((n for n, line in enumerate(lines) if line.startswith(SEEDED)), None)
+    if at is None:
+        raise SystemExit(f"train.py has no line starting {' or '.join(repr(s.strip()) for s in SEEDED)} to draw "
+                         "after: use --aa-change comment")
+    lines.insert(at + 1, f"    torch.rand({i})  # A/A change {i}: other initial weights, same distribution\n")
+    return "".join(lines)
 
 
 def aa(tmp: Path, env: dict, n: int, rule: str, out, change: str = "init") -> None:
