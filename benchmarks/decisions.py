@@ -19,6 +19,11 @@ checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` ex
   on the try's seeds (its k-th run on its baseline's k-th: paired). The fix should be kept.
 Each experiment is a JSON line (--out); the report gives false keeps, kept fixes and the runs each rule spent.
 Run it alone (2 cores): it trains all the time.
+
+--drift SLOW:PERIOD (e.g. 0.33:180) switches on a drifting machine for the whole measurement: benchmarks/drift.py
+slows every training in the scratch directory to 1 - SLOW of its speed for PERIOD seconds, then leaves it alone
+for PERIOD seconds, in turn (the phase changes go to --out's name + .drift.log, or stderr). Each JSON line records
+the setting (`drift`) and, for an experiment, the share of its time spent in slow periods (`slow_share`).
 """
 
 from __future__ import annotations
@@ -37,11 +42,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import drift  # noqa: E402  (benchmarks/drift.py)
 from autoresearch import ledger  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.edit import read_constants, set_constants  # noqa: E402
 
 RECORDS: list[dict] = []
+DRIFT: drift.Drift | None = None  # the drift switched on by --drift, if any
 
 
 def sh(repo: Path, *args: str) -> str:
@@ -81,8 +88,12 @@ def tag_rows(repo: Path, tag: str) -> list[ledger.Row]:
     return ledger.read(repo / "results.tsv", tag)
 
 
-def emit(out, record: dict) -> None:
+def emit(out, record: dict, started: float | None = None) -> None:
+    """Print and append one record; started: the epoch second its experiment began (for its slow_share)."""
     record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record["drift"] = DRIFT.setting if DRIFT else None
+    if DRIFT and started is not None:
+        record["slow_share"] = round(DRIFT.slow_share(started, time.time()), 3)
     RECORDS.append(record)
     print(json.dumps(record), flush=True)
     if out:
@@ -98,30 +109,36 @@ def experiment_record(kind: str, rule: str, rows_after: list, rows_before: int) 
             "p_better": last.p_better, "mean": last.mean, "description": last.description}
 
 
-SEED_LINE = "    torch.manual_seed(seed)\n"
+SEEDED = ("    torch.manual_seed(seed)", "    run = setup(")  # the line after which torch is seeded: before and
+                                                             # after runtime.setup() took over the seeding
 
 
 def aa_change(source: str, i: int, kind: str) -> str:
     """train.py with the i-th change that cannot matter (see --aa-change)."""
     if kind == "comment":
         return source + f"# A/A change {i}: a comment, which cannot matter\n"
-    if SEED_LINE not in source:
-        raise SystemExit(f"train.py has no line {SEED_LINE.strip()!r} to draw after: use --aa-change comment")
-    return source.replace(SEED_LINE, SEED_LINE + f"    torch.rand({i})  # A/A change {i}: other initial weights, "
-                          "same distribution\n", 1)
+    lines = source.splitlines(keepends=True)
+    at = next((n for n, line in enumerate(lines) if line.startswith(SEEDED)), None)
+    if at is None:
+        raise SystemExit(f"train.py has no line starting {' or '.join(repr(s.strip()) for s in SEEDED)} to draw "
+                         "after: use --aa-change comment")
+    lines.insert(at + 1, f"    torch.rand({i})  # A/A change {i}: other initial weights, same distribution\n")
+    return "".join(lines)
 
 
 def aa(tmp: Path, env: dict, n: int, rule: str, out, change: str = "init") -> None:
     repo = scratch(tmp, f"aa-{rule}", detune=None)
     tag = f"aa-{rule}"
     cli(repo, env, "setup", "--tag", tag)
+    started = time.time()
     cli(repo, env, "run", "-m", "baseline", "--decision", rule)
-    emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, tag), 0))
+    emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, tag), 0), started)
     for i in range(1, n + 1):
         (repo / "train.py").write_text(aa_change((repo / "train.py").read_text(), i, change))
         before = len(tag_rows(repo, tag))
+        started = time.time()
         cli(repo, env, "run", "-m", f"A/A {i}", "--decision", rule)
-        emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before))
+        emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before), started)
 
 
 def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out) -> None:
@@ -133,12 +150,13 @@ def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out
             shutil.copy(repo / f, work / f)
         (work / "train.py").write_text(source)
         for seed in range(1, seeds + 1):
+            started = time.time()
             with tempfile.TemporaryDirectory() as run_dir:
                 run_env = dict(env, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=run_dir)
                 subprocess.run([sys.executable, "train.py"], cwd=work, env=run_env, capture_output=True, check=True)
                 result = json.loads((Path(run_dir) / "result.json").read_text())
             emit(out, {"kind": "gain", "detune": detune, "config": name, "seed": seed, "val_bpb": result["val_bpb"],
-                       "steps": result["num_steps"]})
+                       "steps": result["num_steps"]}, started)
 
 
 def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, out) -> None:
@@ -154,8 +172,10 @@ def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, out)
         cli(repo, env, "run", "-m", "baseline (detuned)", "--seed", seed)
         before = len(tag_rows(repo, tag))
         (repo / "train.py").write_text(fixed)
+        started = time.time()
         cli(repo, env, "run", "-m", fix_description, "--seed", seed)
-        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k, "detune": detune})
+        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k, "detune": detune},
+             started)
 
 
 def naive_replay(first_values: list[float]) -> int:
@@ -169,6 +189,9 @@ def naive_replay(first_values: list[float]) -> int:
 
 def report(records: list[dict]) -> str:
     lines = []
+    settings = sorted({r.get("drift") or "none" for r in records})
+    if settings != ["none"]:
+        lines.append(f"drift (slow share : period s): {', '.join(settings)}")
     for rule in ("stat", "naive"):
         exps = [r for r in records if r["kind"] == "aa" and r["rule"] == rule]
         if not exps:
@@ -219,16 +242,23 @@ def main() -> None:
     parser.add_argument("--out", help="append every experiment as a JSON line here")
     parser.add_argument("--report", help="only print the report of this JSON-lines file")
     parser.add_argument("--keep", help="keep the scratch repositories in this directory")
+    parser.add_argument("--drift", metavar="SLOW:PERIOD", help="a drifting machine (benchmarks/drift.py) for the "
+                        "whole measurement: trainings at 1 - SLOW of their speed for PERIOD s, then PERIOD s normal")
     args = parser.parse_args()
     if args.report:
         print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
         return
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(args.budget), PYTHONPATH=str(ROOT))
+    setting = drift.parse_setting(args.drift) if args.drift else None
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="decisions-"))
     tmp.mkdir(parents=True, exist_ok=True)
     out = args.out
     start = time.time()
+    global DRIFT
     try:
+        if setting:
+            log = open(out + ".drift.log", "a") if out else sys.stderr
+            DRIFT = drift.Drift(tmp, *setting, log=lambda line: print(line, file=log, flush=True)).start()
         if args.aa:
             aa(tmp, env, args.aa, "stat", out, args.aa_change)
         if args.tries:
@@ -236,6 +266,8 @@ def main() -> None:
         if args.naive:
             aa(tmp, env, args.naive, "naive", out, args.aa_change)
     finally:
+        if DRIFT:
+            DRIFT.stop()
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     print(report(RECORDS))
