@@ -94,27 +94,31 @@ class Cli:
         self.proc.wait(timeout=WAIT)
 
 
-def test_a_slow_period_slows_the_training_by_about_the_factor_and_drift_costs_almost_no_cpu(training, tmp_path):
-    cli = Cli(tmp_path, "--slow", "0.6", "--period", "1")  # the training runs at 40% of its speed when slow
+def test_a_slow_period_stops_the_training_for_about_the_share_asked_and_drift_costs_almost_no_cpu(training, tmp_path):
+    """Whether the training is stopped is sampled, not how much CPU it got: a stall of the machine changes the
+    second, not the first (a CPU-rate ratio failed when the normal period stalled)."""
+    cli = Cli(tmp_path, "--slow", "0.6", "--period", "2")  # stopped 60 ms of every 100 ms when slow
+    samples = {"slow": [], "normal": []}
     try:
-        cli.wait_line("slow:")
         cli.wait_line("training found")
-        wait_for(lambda: any(stopped(training)) or cli.proc.poll() is not None, "stopped training")
-        t_slow, c_slow, own = time.monotonic(), cpu(training), psutil.Process(cli.proc.pid).cpu_times()
-        cli.wait_line("normal:")
-        t_normal, c_normal = time.monotonic(), cpu(training)
-        cli.wait_line("slow:")
-        t_end, c_end = time.monotonic(), cpu(training)
-        own_after = psutil.Process(cli.proc.pid).cpu_times()
+        own = psutil.Process(cli.proc.pid).cpu_times()
+        t0 = time.monotonic()
+        for phase in ("normal", "slow", "normal"):  # sample until each phase change is logged
+            changed = threading.Event()
+            threading.Thread(target=lambda: (cli.wait_line(phase + ":"), changed.set()), daemon=True).start()
+            current = "slow" if phase == "normal" else "normal"
+            while not changed.is_set() and time.monotonic() - t0 < 6 * WAIT:
+                samples[current].append(stopped(training)[0])
+                time.sleep(0.007)
+        spent = sum(psutil.Process(cli.proc.pid).cpu_times()[:2]) - sum(own[:2])
+        elapsed = time.monotonic() - t0
     finally:
         cli.end()
-    slow_rate = (c_normal - c_slow) / (t_normal - t_slow)
-    normal_rate = (c_end - c_normal) / (t_end - t_normal)
-    assert normal_rate > 0.2, "the training hardly ran in the normal period: the machine stalled, or drift stopped it"
-    assert 0.05 < slow_rate / normal_rate < 0.8, (slow_rate, normal_rate)  # 0.4 expected
+    slow = sum(samples["slow"]) / max(1, len(samples["slow"]))
+    assert len(samples["slow"]) > 50 and 0.3 < slow < 0.9, (slow, len(samples["slow"]))  # 0.6 asked
+    assert not any(samples["normal"][5:]), "stopped in a normal period"  # (the first samples may straddle)
     # what the load guard would count against a run: drift's own CPU, a few kill() calls per 100 ms
-    spent = (own_after.user + own_after.system) - (own.user + own.system)
-    assert spent < 0.05 * (t_end - t_slow), f"drift used {spent:.3f} CPU s in {t_end - t_slow:.1f} s"
+    assert spent < 0.05 * elapsed, f"drift used {spent:.3f} CPU s in {elapsed:.1f} s"
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
