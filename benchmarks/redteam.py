@@ -431,14 +431,14 @@ def _burn(seconds):
     while time.process_time() - start < seconds:
         pass
 _hidden = 0.0
-while _hidden < 40:
+while _hidden < 16:  # 8 s a thread on 2 cores, beyond the 2 s budget and the 4 s allowance
     _pid = os.fork()
     if _pid == 0:
         if os.fork() == 0:
             _burn(0.05)
         os._exit(0)
     os.waitpid(_pid, 0)
-    time.sleep(0.06)
+    time.sleep(0.01)
     _hidden += 0.05
 print("HIDDEN CPU seconds:", round(_hidden, 1), flush=True)
 """
@@ -784,12 +784,12 @@ ATTACKS = [
     # outside_s between -1.9 and 8.0 (allowance 10.2) in three runs. Fix: count the CPU of every process the
     # training started, zombies included: keep zombies in descendants() for accounting, or reap the harness's
     # children during the run and add RUSAGE_CHILDREN's growth to the tree's CPU (or a cgroup's cpu.stat).
-    Attack("hidden-cpu", "on the cpu clock without the sandbox, 40 s of CPU in short-lived double-forked "
+    Attack("hidden-cpu", "on the cpu clock without the sandbox, 16 s of CPU in short-lived double-forked "
            "grandchildren (zombies of the harness, which no poll sees) on a 2 s budget",
            lambda c: attack(prelude=HIDDEN_CPU), "refused", "more than the 2 s budget",
            "the cpu clock counts every descendant's CPU: ended ones are collected each poll, into RUSAGE_CHILDREN",
            setup=("--sandbox", "off", "--decision", "naive"),
-           env={"AUTORESEARCH_BUDGET_CLOCK": "cpu", "AUTORESEARCH_OUTSIDE_ALLOWANCE": "10"}),
+           env={"AUTORESEARCH_BUDGET_CLOCK": "cpu", "AUTORESEARCH_OUTSIDE_ALLOWANCE": "4"}),
     Attack("sysctl-escape", "inside the sandbox, as root (uid 0 mapped to the host's 0), the training writes "
            "/proc/sys/kernel/core_pattern = '|out/helper.sh' and crashes a child: the kernel runs the helper as "
            "host root, outside every namespace, and it copies the validation tokens into out/",

@@ -1,30 +1,41 @@
-"""Does the built-in researcher find real gains? Three proposers side by side, same budgets, same seeds
-(BENCHMARKS.md: The built-in researcher):
+"""Does the built-in researcher find real gains? Three proposers side by side, same budgets, same seeds, in the
+same minutes of the machine (BENCHMARKS.md: The built-in researcher):
 
 - builtin: the researcher (ideas.py's catalog and the constants, proposer.Researcher);
 - random: moves drawn uniformly from the same space (proposer.RandomSearch);
 - tpe: the constants-only TPE proposer that came before (tpe.py).
 
-Two measurements, each arm a fresh repository and tag running the real `autoresearch loop` (default decision
-rule), one arm after another, alone on the machine:
+Two measurements (--modes), each arm of each a *lane*: a repository and tag of its own, running the real
+`autoresearch loop` (default decision rule):
 
 - recovery: the loop starts from the default train.py with PLANTED regressions (a detuned learning rate, a worse
   activation, a broken initialisation, a schedule without warmdown, a removed normalisation, none of them written
-  by the catalog) and runs --experiments experiments. The champion it ends with, the detuned start and the
-  default are then re-measured by hand on the same fresh seeds (never used in the loop):
-  recovered = (detuned - champion) / (detuned - default), the fraction of the planted gap won back;
-- night (--night): the loop starts from the default and runs --hours; gain = default - champion, on fresh seeds.
-Each champion is re-measured right after its arm, and at the end the default (and the detuned start), and every
-champion again, interleaved per seed: the table is computed from the end, where a drift of the machine's speed
-(a third, for half an hour at a time, on 2026-12-01) hits every configuration alike.
+  by the catalog): recovered = (detuned - champion) / (detuned - default), the fraction of the planted gap won
+  back;
+- night: the loop starts from the default: gain = default - champion.
 
-    python benchmarks/research.py --budget 60 --experiments 30                 # recovery, the issue's setting
-    python benchmarks/research.py --budget 60 --hours 1 --night                # a compressed night
-    python benchmarks/research.py --budget 15 --experiments 12 --arms builtin  # a quick look
+The lanes run **interleaved**: each lane's next experiment in turn, round-robin (`autoresearch loop
+--max-experiments 1` on the lane's tag; the proposers keep no state outside the ledger), so every arm gets the same
+minutes of the machine, whose speed drifts by a third for tens of minutes at a time (56-64 steps per 30 s run, then
+89-95, on 2026-12-01). Arms run one after another made issue 21's table impossible to measure in one sitting. At the
+end the default, the detuned start and every lane's champion are re-measured by hand on the same fresh seeds (never
+used in a loop), interleaved per seed, and the table is computed from those alone. The noise of the table is the
+spread of a configuration's re-measurements (its pooled standard deviation, and the standard error of a mean).
 
-torch.compile is off (USE_COMPILE = False in every arm's train.py, --compile keeps it): a code change compiles
-cold, 25-80 s on 2 cores, which at a budget of 15-60 s would be most of the run and would measure the compiler,
-not the proposer. Results are appended as JSON lines to --out (default benchmarks/results/research-<date>.jsonl).
+**Resumable.** Everything lives in --work (by default a directory named by the settings under
+~/.cache/autoresearch-research): run the same command again after an interruption (Ctrl-C, a reboot) and it goes on
+where it stopped. A lane's progress is its ledger (experiments begun, counted from its rows); a re-measurement is a
+JSON line in work/measurements.jsonl once done. A loop killed mid-run is recovered by the next `autoresearch loop`
+(the run in flight recorded as interrupted; its series finishes).
+
+    python benchmarks/research.py                                   # the default: under 2 hours on 2 cores
+    python benchmarks/research.py --budget 30 --experiments 12 --modes recovery
+    python benchmarks/research.py --budget 5 --experiments 1 --arms builtin --seeds 1   # a smoke test
+
+torch.compile is off (USE_COMPILE = False in every lane's train.py, --compile keeps it): at budgets of 15-60 s a
+compile phase per new configuration (about a minute for a change of shape on 2 cores) would be most of the wall
+time and measure the compiler, not the proposer. Results (one JSON line per lane and one for the table) are
+appended to --out (default benchmarks/results/research-<date>.jsonl).
 """
 
 from __future__ import annotations
@@ -36,7 +47,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +69,11 @@ PLANTED = [
      "logits = self.lm_head(x).float()"),
 ]
 FRESH_SEEDS = [1001, 1002, 1003]  # re-measurements only: the loop's seeds start at 42
+# The default setting: 6 lanes x (a baseline of 3 runs + 8 experiments) at 15 s, and 8 configurations x 3 seeds
+# re-measured; each run costs its budget plus ~10-15 s outside it, and a run that may be kept ~40 s more (its
+# audit, issue 31), so about 80-100 minutes on 2 cores.
+DEFAULT_BUDGET = 15.0
+DEFAULT_EXPERIMENTS = 8
 
 
 def default_source(compile_: bool) -> str:
@@ -74,136 +89,188 @@ def detuned_source(compile_: bool) -> str:
     return source
 
 
-def measure(source: str, budget: float, seeds: list[int], work: Path) -> list[float]:
-    """val_bpb of `source` trained by hand (the validation split visible) once per seed; each run's output is
-    kept as work/seed<N>/train.log."""
+def measure(source: str, budget: float, seed: int, work: Path) -> float:
+    """val_bpb of `source` trained by hand (the validation split visible) on one seed; the run's output is kept as
+    work/seed<N>/train.log."""
     work.mkdir(parents=True, exist_ok=True)
     (work / "train.py").write_text(source)
     for name in FIXED:
         (work / name).write_text((ROOT / name).read_text())
-    out = []
-    for seed in seeds:
-        run_dir = work / f"seed{seed}"
-        env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), AUTORESEARCH_SEED=str(seed),
-                   AUTORESEARCH_RUN_DIR=str(run_dir))
-        proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "train.log").write_text(proc.stdout + proc.stderr)
-        result = run_dir / "result.json"
-        if proc.returncode or not result.exists():
-            raise RuntimeError(f"re-measuring failed (seed {seed}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
-        out.append(json.loads(result.read_text())["val_bpb"])
-    return out
+    run_dir = work / f"seed{seed}"
+    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), AUTORESEARCH_SEED=str(seed),
+               AUTORESEARCH_RUN_DIR=str(run_dir))
+    proc = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "train.log").write_text(proc.stdout + proc.stderr)
+    result = run_dir / "result.json"
+    if proc.returncode or not result.exists():
+        raise RuntimeError(f"re-measuring failed (seed {seed}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+    return json.loads(result.read_text())["val_bpb"]
 
 
-def loop(arm: str, start: str, budget: float, experiments: int | None, hours: float | None, log: Path,
-         where: Path) -> tuple[str, list]:
-    """Run `autoresearch loop` with proposer `arm` from train.py `start`; the champion's train.py and the rows."""
-    repo = fresh_repo(where, start)
-    tag = f"research-{arm}"
-    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "autoresearch.cli", "loop", "--agent", arm, "--tag", tag]
-    # the baseline counts as one experiment of --max-experiments
-    argv += ["--max-experiments", str(experiments + 1)] if experiments else ["--hours", str(hours)]
-    with open(log, "w") as f:
-        proc = subprocess.run(argv, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT)
-    rows = ledger.read(repo / "results.tsv", tag)
-    if proc.returncode not in (0,) and not rows:
-        raise RuntimeError(f"the {arm} loop failed (exit {proc.returncode}): see {log}")
-    champion = subprocess.run(["git", "show", f"autoresearch/{tag}:train.py"], cwd=repo, capture_output=True,
-                              text=True, check=True).stdout
-    return champion, rows
+class Lane:
+    """One arm in one mode: its repository (made on first use) and tag under work/<mode>-<arm>."""
+
+    def __init__(self, work: Path, mode: str, arm: str, start: str):
+        self.mode, self.arm, self.start = mode, arm, start
+        self.name = f"{mode}-{arm}"
+        self.dir = work / self.name
+        self.tag = f"research-{self.name}"
+        self.repo = self.dir / "repo"
+        self.seconds = 0.0  # loop wall time this sitting (a resumed lane's earlier sittings are in its log)
+
+    def rows(self) -> list[ledger.Row]:
+        results = self.repo / "results.tsv"
+        return ledger.read(results, self.tag) if results.exists() else []
+
+    def experiments(self) -> int:
+        """Experiments begun, the baseline not counted: the configurations the ledger holds beyond the first."""
+        keys = list(dict.fromkeys(r.key for r in self.rows()))
+        return max(0, len(keys) - 1)
+
+    def started(self) -> bool:
+        return bool(self.rows())
+
+    def step(self, budget: float) -> None:
+        """One more experiment (the first call: the baseline) through the real loop."""
+        if not self.repo.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fresh_repo(self.dir, self.start)
+        env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), PYTHONPATH=str(ROOT))
+        argv = [sys.executable, "-m", "autoresearch.cli", "loop", "--agent", self.arm, "--tag", self.tag,
+                "--max-experiments", "1"]
+        t0 = time.time()
+        with open(self.dir / "loop.log", "a") as f:
+            proc = subprocess.run(argv, cwd=self.repo, env=env, stdout=f, stderr=subprocess.STDOUT)
+        self.seconds += time.time() - t0
+        if proc.returncode != 0 and not self.rows():
+            raise RuntimeError(f"the {self.name} loop failed (exit {proc.returncode}): see {self.dir / 'loop.log'}")
+
+    def champion(self) -> str:
+        return subprocess.run(["git", "show", f"autoresearch/{self.tag}:train.py"], cwd=self.repo,
+                              capture_output=True, text=True, check=True).stdout
+
+    def summary(self) -> dict:
+        done = [r for r in self.rows() if r.status != "refused" and not decide.is_interruption(r)]
+        kept = [descriptions.base_description(r.description) for r in done
+                if r.status == "keep" and not r.decision.startswith("baseline")]
+        return {"mode": self.mode, "arm": self.arm, "experiments": self.experiments(), "runs": len(done),
+                "crashes": sum(r.status == "crash" for r in done), "pruned": sum(r.status == "pruned" for r in done),
+                "kept": sorted(set(kept)), "loop_minutes_this_sitting": round(self.seconds / 60, 1)}
 
 
-def mean(xs):
-    return statistics.fmean(xs)
+class Measurements:
+    """The re-measurements at the end, one JSON line each in work/measurements.jsonl: done ones are skipped."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.done: dict[tuple[str, int], float] = {}
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    m = json.loads(line)
+                    self.done[m["name"], m["seed"]] = m["val_bpb"]
+
+    def get(self, name: str, seed: int, source: str, budget: float, work: Path) -> float:
+        if (name, seed) not in self.done:
+            value = measure(source, budget, seed, work / f"final-{name}")
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"name": name, "seed": seed, "val_bpb": value}) + "\n")
+            self.done[name, seed] = value
+        return self.done[name, seed]
+
+
+def noise(values: dict[str, list[float]]) -> float | None:
+    """Pooled standard deviation of one re-measurement, over every configuration measured more than once."""
+    ss = sum(sum((v - statistics.fmean(vs)) ** 2 for v in vs) for vs in values.values() if len(vs) > 1)
+    df = sum(len(vs) - 1 for vs in values.values() if len(vs) > 1)
+    return (ss / df) ** 0.5 if df else None
+
+
+def table(lanes: list[Lane], final: dict[str, list[float]]) -> list[str]:
+    sigma = noise(final)
+    n = min(len(vs) for vs in final.values())
+    mean = {k: statistics.fmean(vs) for k, vs in final.items()}
+    lines = ["| mode | arm | experiments | runs | kept | champion (fresh seeds) | result |",
+             "|---|---|---|---|---|---|---|"]
+    for lane in lanes:
+        s = lane.summary()
+        champ = mean[lane.name]
+        if lane.mode == "night":
+            result = f"gain {mean['default'] - champ:+.4f}"
+        else:
+            gap = mean["detuned"] - mean["default"]
+            result = f"recovered {100 * (mean['detuned'] - champ) / gap:.0f}%" if gap else "no planted gap"
+        lines.append(f"| {lane.mode} | {lane.arm} | {s['experiments']} | {s['runs']} | {len(s['kept'])} | "
+                     f"{champ:.4f} | {result} |")
+    if sigma is not None:
+        lines.append(f"\nNoise: one re-measurement's sigma {sigma:.4f} (pooled over {len(final)} configurations); "
+                     f"a mean of {n} seeds {sigma / n ** 0.5:.4f}, a difference of two such means "
+                     f"{sigma * (2 / n) ** 0.5:.4f}.")
+    return lines
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--budget", type=float, default=60, help="training seconds per run (default 60)")
-    parser.add_argument("--experiments", type=int, default=30, help="experiments per arm (recovery; default 30)")
-    parser.add_argument("--hours", type=float, default=1.0, help="hours per arm (--night; default 1)")
-    parser.add_argument("--night", action="store_true", help="from the default, for --hours, instead of recovery")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
+                        help=f"training seconds per run (default {DEFAULT_BUDGET:g})")
+    parser.add_argument("--experiments", type=int, default=DEFAULT_EXPERIMENTS,
+                        help=f"experiments per lane, the baseline not counted (default {DEFAULT_EXPERIMENTS})")
+    parser.add_argument("--modes", nargs="+", choices=["recovery", "night"], default=["recovery", "night"])
     parser.add_argument("--arms", nargs="+", default=["builtin", "random", "tpe"])
+    parser.add_argument("--seeds", type=int, default=len(FRESH_SEEDS), help="fresh seeds in the re-measurement")
     parser.add_argument("--compile", action="store_true", help="keep torch.compile on (see above)")
+    parser.add_argument("--work", help="where the lanes live; the same command resumes there (default: named by "
+                                       "the settings, under ~/.cache/autoresearch-research)")
     parser.add_argument("--out", help="JSON lines file (default benchmarks/results/research-<date>.jsonl)")
     args = parser.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    seeds = [1001 + i for i in range(args.seeds)]
+    name = (f"{'-'.join(args.modes)}_{'-'.join(args.arms)}_b{args.budget:g}_e{args.experiments}"
+            f"{'_compile' if args.compile else ''}")
+    work = Path(args.work or Path.home() / ".cache" / "autoresearch-research" / name)
+    work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"research-{time.strftime('%Y-%m-%d')}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="autoresearch-research-"))
     hw = machine.hardware()
-    mode = "night" if args.night else "recovery"
-    print(f"{machine.describe(hw)}; {mode}, budget {args.budget:g} s, "
-          + (f"{args.hours:g} h" if args.night else f"{args.experiments} experiments") + f" per arm; work in {work}",
-          flush=True)
     default, detuned = default_source(args.compile), detuned_source(args.compile)
-    start = default if args.night else detuned
-    t0 = time.time()
-    reference = {"default": measure(default, args.budget, FRESH_SEEDS, work / "default")}
-    if not args.night:
-        reference["detuned"] = measure(detuned, args.budget, FRESH_SEEDS, work / "detuned")
-    print(json.dumps({k: [round(v, 4) for v in vs] for k, vs in reference.items()}),
-          f"({time.time() - t0:.0f} s)", flush=True)
-    results, champions = [], {}
-    for arm in args.arms:
-        t0 = time.time()
-        champion, rows = loop(arm, start, args.budget, None if args.night else args.experiments,
-                              args.hours if args.night else None, work / f"{arm}.log", work / arm)
-        loop_s = time.time() - t0
-        champions[arm] = champion
-        again = measure(champion, args.budget, FRESH_SEEDS, work / f"{arm}-champion")
-        done = [r for r in rows if r.status != "refused" and not decide.is_interruption(r)]
-        kept = [descriptions.base_description(r.description) for r in done
-                if r.status == "keep" and not r.decision.startswith("baseline")]
-        # what early pruning saved: each pruned run's wall time against a candidate run that trained its budget
-        full = [r.wall_s for r in done if r.status in ("discard", "confirm", "keep") and r.repeat == 1
-                and not r.decision.startswith("baseline")]
-        pruned = [r.wall_s for r in done if r.status == "pruned"]
-        saved = sum(statistics.median(full) - w for w in pruned) if full and pruned else 0.0
-        result = {
-            "mode": mode, "arm": arm, "budget_s": args.budget, "experiments": len({r.key for r in done}) - 1,
-            "runs": len(done), "crashes": sum(r.status == "crash" for r in done), "kept": sorted(set(kept)),
-            "pruned": len(pruned), "pruning_saved_minutes": round(saved / 60, 1),
-            "loop_minutes": round(loop_s / 60, 1), "champion": [round(v, 6) for v in again],
-            "default": [round(v, 6) for v in reference["default"]], "cpu": hw["name"], "cores": hw["cores"],
-            "compile": args.compile, "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "log": str(work / f"{arm}.log"),
-        }
-        if args.night:
-            result["gain"] = round(mean(reference["default"]) - mean(again), 6)
-        else:
-            result["detuned"] = [round(v, 6) for v in reference["detuned"]]
-            gap = mean(reference["detuned"]) - mean(reference["default"])
-            result["recovered"] = round((mean(reference["detuned"]) - mean(again)) / gap, 3)
-        results.append(result)
-        with open(out, "a") as f:
-            f.write(json.dumps(result) + "\n")
-        print(json.dumps(result), flush=True)
-    # The end, drift-proof: the default and every champion again on the same fresh seeds, interleaved per seed.
-    # A machine's speed drifts by a third for half an hour at a time (2026-12-01: 122-140 steps, then 169-191),
-    # and a champion measured after its arm would carry that arm's period against a default measured before all.
-    sources = {"default": default, **({} if args.night else {"detuned": detuned}), **champions}
-    final = {name: [] for name in sources}
-    for seed in FRESH_SEEDS:
-        for name in final:
-            final[name] += measure(sources[name], args.budget, [seed], work / f"final-{name}")
-    record = {"mode": mode, "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()},
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "cpu": hw["name"]}
+    lanes = [Lane(work, mode, arm, detuned if mode == "recovery" else default)
+             for mode in args.modes for arm in args.arms]
+    t_start = time.time()
+    print(f"{machine.describe(hw)}; {', '.join(args.modes)}; arms {', '.join(args.arms)}; budget {args.budget:g} s, "
+          f"{args.experiments} experiments a lane, interleaved; work in {work} (run again to resume)", flush=True)
+    # round-robin: each lane's next experiment in turn, until every lane has its experiments
+    stuck: dict[str, int] = {}  # calls in a row that began no experiment (a proposer with no move left, say)
+    while True:
+        behind = [lane for lane in lanes if (not lane.started() or lane.experiments() < args.experiments)
+                  and stuck.get(lane.name, 0) < 3]
+        if not behind:
+            break
+        for lane in behind:
+            t0, before = time.time(), (lane.started(), lane.experiments())
+            lane.step(args.budget)
+            stuck[lane.name] = 0 if (lane.started(), lane.experiments()) != before else stuck.get(lane.name, 0) + 1
+            print(f"{time.strftime('%H:%M:%S')} {lane.name}: experiment {lane.experiments()}/{args.experiments} "
+                  f"({time.time() - t0:.0f} s; {(time.time() - t_start) / 60:.0f} min this sitting)"
+                  + (" (it began nothing: see its loop.log)" if stuck[lane.name] else ""), flush=True)
+    # the end: the default, the detuned start and every champion on the same fresh seeds, interleaved per seed
+    sources = {"default": default, **({"detuned": detuned} if "recovery" in args.modes else {}),
+               **{lane.name: lane.champion() for lane in lanes}}
+    done = Measurements(work / "measurements.jsonl")
+    final = {k: [] for k in sources}
+    for seed in seeds:
+        for k, source in sources.items():
+            final[k].append(done.get(k, seed, source, args.budget, work))
+        print(f"{time.strftime('%H:%M:%S')} re-measured seed {seed}", flush=True)
+    record = {"lanes": [lane.summary() for lane in lanes],
+              "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()}, "seeds": seeds,
+              "budget_s": args.budget, "experiments": args.experiments, "compile": args.compile,
+              "minutes_this_sitting": round((time.time() - t_start) / 60, 1), "work": str(work),
+              "cpu": hw["name"], "cores": hw["cores"], "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out, "a") as f:
         f.write(json.dumps(record) + "\n")
     print(json.dumps(record), flush=True)
-    for r in results:
-        r["final"] = mean(final[r["arm"]])
-    print("\n| arm | experiments | runs | kept | champion (fresh seeds, at the end) | "
-          + ("gain over the default |" if args.night else "recovered |") + " loop minutes |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        reference = mean(final["default"])
-        value = (f"{reference - r['final']:.4f}" if args.night else
-                 f"{100 * (mean(final['detuned']) - r['final']) / (mean(final['detuned']) - reference):.0f}%")
-        print(f"| {r['arm']} | {r['experiments']} | {r['runs']} | {len(r['kept'])} | {r['final']:.4f} | "
-              f"{value} | {r['loop_minutes']} |")
+    print("\n".join(table(lanes, final)))
     return 0
 
 

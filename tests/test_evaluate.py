@@ -373,3 +373,26 @@ def test_probes_past_the_number_of_positions_check_each_position_once():
     assert probed(lambda x: emb[x].cumsum(1), rows, 50, probes=AUDIT_PROBES) == 16 * 7
     with pytest.raises(Refused, match="not causal"):
         probed(one_cheat, rows, 50, probes=AUDIT_PROBES)
+
+
+def test_an_evaluator_directory_left_by_a_killed_harness_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """A harness killed with SIGKILL leaves its evaluator's private directory behind (62 were in /tmp after two days
+    of tests); the next evaluator removes those whose harness is gone, and no other."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from autoresearch import processes
+    from autoresearch.evaluator import harness
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_owner = processes.identity(gone.pid)
+    gone.wait()
+    made = {}
+    for name, owner in (("dead", dead_owner), ("alive", processes.identity(os.getpid())), ("new", None)):
+        made[name] = tmp_path / f"{harness.PREFIX}{name}"
+        made[name].mkdir()
+        if owner is not None:
+            (made[name] / harness.OWNER).write_text(json.dumps(owner))
+    assert harness.sweep_stale() == 1
+    assert not made["dead"].exists() and made["alive"].is_dir() and made["new"].is_dir()

@@ -18,6 +18,26 @@ from autoresearch import processes, sandbox
 from .request import Request
 
 
+PREFIX = "autoresearch-eval-"  # an evaluator's private directory, in the temporary directory
+OWNER = "owner.json"          # in it: the identity of the harness that made it (processes.identity)
+
+
+def sweep_stale() -> int:
+    """Remove the private directories of evaluators whose harness is gone: one killed with SIGKILL (a fault test, a
+    killed loop) ran nothing that would have removed its own (62 were left in /tmp by two days of tests). One with
+    no owner recorded is left alone: it may be one being made this instant."""
+    removed = 0
+    for d in Path(tempfile.gettempdir()).glob(PREFIX + "*"):
+        try:
+            owner = json.loads((d / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if processes.same_process(owner) is None:
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 def copy_script(private: Path) -> Path:
     """The script side of this package (every module but this one) copied into `private`, as source files only:
     no __pycache__ of the work tree's comes along. Returns the copy's directory."""
@@ -47,7 +67,9 @@ class Evaluator:
 
     def __init__(self, sources: dict[str, bytes], cache: Path, out: Path, protection: str = "none"):
         self.cache, self.out, self.protection, self.proc = cache, out, protection, None
-        self.private = Path(tempfile.mkdtemp(prefix="autoresearch-eval-"))
+        sweep_stale()
+        self.private = Path(tempfile.mkdtemp(prefix=PREFIX))
+        (self.private / OWNER).write_text(json.dumps(processes.identity(os.getpid())))
         (self.private / "fixed").mkdir()
         for name, source in sources.items():
             (self.private / "fixed" / name).write_bytes(source)
