@@ -66,30 +66,32 @@ def reap(identities) -> None:
             continue
 
 
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36  # prctl(2) options (linux/prctl.h)
+
+
+def _prctl(option: int, value: int) -> bool:
+    """prctl(option, value) on Linux; False where it does not exist or fails."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def not_dumpable() -> bool:
     """Linux: no other non-root process of this uid may ptrace this one or open its /proc memory and files
     (PR_SET_DUMPABLE 0). A harness that trains without a sandbox runs the training as the same user: without this
     (and without Yama's ptrace scope) the training could write the harness's memory. Its children are dumpable
     again after exec, as they must be for the harness to read their /proc."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_DUMPABLE, 0)
 
 
 def become_subreaper() -> bool:
     """Linux: orphaned descendants (a daemon that double-forks, a setsid escapee whose parent died) are
     re-parented to this process instead of init, so they stay in its process tree and can be found."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def descendants(spare=()) -> list[list]:
