@@ -59,15 +59,18 @@ def key(config_id: str, config: Tag) -> str:
     (CacheBase.get_system) and the default dtype; a C++ kernel's key has the compile command with the CPU's
     vector ISA (pick_vec_isa; machine.hardware's CPU name carries it). train.py's matmul dtype follows the device
     and the tag's peak FLOP/s (runtime.pick_dtype), measured at each tag's setup. So: the device and threads in
-    clear, the device's name, torch and the tag's peaks hashed. Keyed by configuration alone, a base filled at 2
-    threads served a --workers 2 tag's runs (1 thread each) nothing: each compiled cold inside its budget
-    (issue 34)."""
+    clear, the device's name, torch, the tag's peaks and the Python environment (sys.prefix) hashed. Keyed by
+    configuration alone, a base filled at 2 threads served a --workers 2 tag's runs (1 thread each) nothing: each
+    compiled cold inside its budget (issue 34)."""
     hw = config.hardware or machine.hardware()
     # the tag's measured peaks decide bf16 or float32 on a CPU (bf16 at 2x fp32's): on a 2-core AMD EPYC whose
     # ratio sits near 2, two tags chose differently, and a base filled for float32 served a bf16 baseline nothing
     # (its first step 46 s of a 30 s budget). Keyed by the peaks, a tag fills its own base
+    # and the Python environment: inductor's C++ kernels are keyed by their compile command, which holds torch's
+    # include paths; a base filled by another venv's python (same torch version) served a run nothing (its first
+    # step 60 s of a 30 s budget, 2026-12-02)
     machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch"),
-                                            config.peak_flops], sort_keys=True).encode()).hexdigest()
+                                            config.peak_flops, sys.prefix], sort_keys=True).encode()).hexdigest()
     return f"{config_id}-{hw.get('device')}-t{tags.threads_per_run(config)}-{machine_id[:8]}"
 
 

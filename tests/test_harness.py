@@ -325,7 +325,7 @@ def test_a_tag_records_its_hardware_and_other_hardware_is_refused(repo, env):
     assert row.status == "refused" and "AMD EPYC 7B13" in row.description
 
 
-def test_a_compile_base_is_named_by_what_changes_the_compiled_code():
+def test_a_compile_base_is_named_by_what_changes_the_compiled_code(monkeypatch):
     """compiled.key: the configuration, the threads per run (inductor's CPU kernels specialize on them), the
     device, and its name and torch (hashed); not the cores alone, which change nothing compiled."""
     from autoresearch import compiled
@@ -343,6 +343,9 @@ def test_a_compile_base_is_named_by_what_changes_the_compiled_code():
               compiled.key("0123456789ab", tag(hardware=dict(hw, name="Intel Xeon (family 6 model 143, amx)"))),
               compiled.key("0123456789ab", tag(hardware=dict(hw, device="cuda", name="NVIDIA H100")))]
     assert len({two, *others}) == 6 and all("/" not in k and "-" in k for k in others)
+    # another Python environment (a second venv with the same torch): other include paths in every C++ kernel's key
+    monkeypatch.setattr(sys, "prefix", "/elsewhere/venv")
+    assert compiled.key("0123456789ab", tag(hardware=hw)) != two
 
 
 @pytest.mark.slow
