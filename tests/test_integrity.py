@@ -66,7 +66,8 @@ def test_a_fake_result_without_training_is_a_crash(repo, env):
 import json, os, pathlib
 run = pathlib.Path(os.environ["AUTORESEARCH_RUN_DIR"])
 json.dump({"val_bpb": 0.1, "memory_gb": 0.1, "num_steps": 1000, "training_seconds": 2.0, "time_budget": 2,
-           "check_bpb": 0.1, "device": "cpu", "dtype": "float32", "seed": int(os.environ["AUTORESEARCH_SEED"])},
+           "check_bpb": 0.1, "device": "cpu", "dtype": "float32", "seed": int(os.environ["AUTORESEARCH_SEED"]),
+           "data_seed": int(os.environ["AUTORESEARCH_SEED"])},  # everything the harness checks right, but no model
           open(run / "result.json", "w"))
 print("val_bpb=0.1000 | memory_gb=0.1 | steps=1000")
 '''
