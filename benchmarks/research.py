@@ -22,6 +22,10 @@ end the default, the detuned start and every lane's champion are re-measured by 
 used in a loop), interleaved per seed, and the table is computed from those alone. The noise of the table is the
 spread of a configuration's re-measurements (its pooled standard deviation, and the standard error of a mean).
 
+**Under two hours, by construction.** No new round of experiments starts after --minutes of loops (95 by
+default, over every sitting), so the lanes end with as many experiments each, at most --experiments; the
+re-measurement then takes about 10 minutes at the default.
+
 **Resumable.** Everything lives in --work (by default a directory named by the settings under
 ~/.cache/autoresearch-research): run the same command again after an interruption (Ctrl-C, a reboot) and it goes on
 where it stopped. A lane's progress is its ledger (experiments begun, counted from its rows); a re-measurement is a
@@ -69,11 +73,13 @@ PLANTED = [
      "logits = self.lm_head(x).float()"),
 ]
 FRESH_SEEDS = [1001, 1002, 1003]  # re-measurements only: the loop's seeds start at 42
-# The default setting: 6 lanes x (a baseline of 3 runs + 8 experiments) at 15 s, and 8 configurations x 3 seeds
-# re-measured; each run costs its budget plus ~10-15 s outside it, and a run that may be kept ~40 s more (its
-# audit, issue 31), so about 80-100 minutes on 2 cores.
+# The default setting: 6 lanes x (a baseline of 3 runs + up to 8 experiments) at 15 s, then 8 configurations x 3
+# seeds re-measured (about 10 minutes). A run costs its budget plus ~10-15 s outside it, and one that may be kept
+# ~40 s more (its audit, issue 31): a baseline of 3 runs at 4 s took 145 s, one experiment of 4 runs 198 s. So
+# the loops stop starting rounds after DEFAULT_MINUTES, at a round's end (every lane has as many experiments).
 DEFAULT_BUDGET = 15.0
 DEFAULT_EXPERIMENTS = 8
+DEFAULT_MINUTES = 95.0
 
 
 def default_source(compile_: bool) -> str:
@@ -159,6 +165,20 @@ class Lane:
                 "kept": sorted(set(kept)), "loop_minutes_this_sitting": round(self.seconds / 60, 1)}
 
 
+class Spent:
+    """Seconds the loops have run, over every sitting (a JSON number in work/loop_seconds.json)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.seconds = json.loads(path.read_text()) if path.exists() else 0.0
+
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.seconds))
+        os.replace(tmp, self.path)
+
+
 class Measurements:
     """The re-measurements at the end, one JSON line each in work/measurements.jsonl: done ones are skipped."""
 
@@ -218,6 +238,9 @@ def main() -> int:
                         help=f"experiments per lane, the baseline not counted (default {DEFAULT_EXPERIMENTS})")
     parser.add_argument("--modes", nargs="+", choices=["recovery", "night"], default=["recovery", "night"])
     parser.add_argument("--arms", nargs="+", default=["builtin", "random", "tpe"])
+    parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES,
+                        help=f"no new round of experiments after this many minutes of loops, over every sitting "
+                             f"(default {DEFAULT_MINUTES:g}: with the re-measurement, under 2 hours on 2 cores)")
     parser.add_argument("--seeds", type=int, default=len(FRESH_SEEDS), help="fresh seeds in the re-measurement")
     parser.add_argument("--compile", action="store_true", help="keep torch.compile on (see above)")
     parser.add_argument("--work", help="where the lanes live; the same command resumes there (default: named by "
@@ -241,14 +264,16 @@ def main() -> int:
           f"{args.experiments} experiments a lane, interleaved; work in {work} (run again to resume)", flush=True)
     # round-robin: each lane's next experiment in turn, until every lane has its experiments
     stuck: dict[str, int] = {}  # calls in a row that began no experiment (a proposer with no move left, say)
+    spent = Spent(work / "loop_seconds.json")  # the loops' wall time over every sitting
     while True:
         behind = [lane for lane in lanes if (not lane.started() or lane.experiments() < args.experiments)
                   and stuck.get(lane.name, 0) < 3]
-        if not behind:
-            break
+        if not behind or (spent.seconds > 60 * args.minutes and all(lane.started() for lane in lanes)):
+            break  # done, or out of time (checked between rounds: every lane has as many experiments)
         for lane in behind:
             t0, before = time.time(), (lane.started(), lane.experiments())
             lane.step(args.budget)
+            spent.add(time.time() - t0)
             stuck[lane.name] = 0 if (lane.started(), lane.experiments()) != before else stuck.get(lane.name, 0) + 1
             print(f"{time.strftime('%H:%M:%S')} {lane.name}: experiment {lane.experiments()}/{args.experiments} "
                   f"({time.time() - t0:.0f} s; {(time.time() - t_start) / 60:.0f} min this sitting)"
@@ -265,7 +290,8 @@ def main() -> int:
     record = {"lanes": [lane.summary() for lane in lanes],
               "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()}, "seeds": seeds,
               "budget_s": args.budget, "experiments": args.experiments, "compile": args.compile,
-              "minutes_this_sitting": round((time.time() - t_start) / 60, 1), "work": str(work),
+              "minutes_this_sitting": round((time.time() - t_start) / 60, 1),
+              "loop_minutes": round(spent.seconds / 60, 1), "work": str(work),
               "cpu": hw["name"], "cores": hw["cores"], "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out, "a") as f:
         f.write(json.dumps(record) + "\n")
