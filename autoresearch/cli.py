@@ -33,8 +33,9 @@ OK, FAILED, USAGE = 0, 1, 2
 SANDBOX_HELP = ("run every training under bubblewrap: auto (where it works, default), on (required), off (no "
                 "enforcement, detection only)")
 DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats with new seeds until P(better "
-                 "than the champion's mean) >= 0.98 or it is rejected; naive: one run, kept when below the best "
-                 "single run (the public project's rule)")
+                 "than the champion's mean) >= 0.98 or it is rejected; control: the same, each repeat beside a run "
+                 "of the champion on its seed, and only those pairs decide (for a machine whose speed drifts); "
+                 "naive: one run, kept when below the best single run (the public project's rule)")
 
 
 def seed(text: str) -> int:
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("prepare", help="prepare data and tokenizer", add_help=False)
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
-    p.add_argument("--decision", choices=["stat", "naive"], default="stat", help=DECISION_HELP + "; fixed for the tag")
+    p.add_argument("--decision", default="stat", help=DECISION_HELP + "; fixed for the tag")
     p.add_argument("--timeout", type=seconds, help="seconds before a run is killed (default 2 x budget + 120); fixed "
                    "for the tag")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto", help=SANDBOX_HELP)
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=seed, default=42,
                    help="seed of every configuration's first run; under the stat rule its k-th run adds k - 1, so "
                         "that runs of two configurations pair up: use one value for a whole tag")
-    p.add_argument("--decision", choices=["stat", "naive"], help="default: the tag's (set at setup)")
+    p.add_argument("--decision", help="default: the tag's (set at setup)")
     p.add_argument("--timeout", type=seconds, help="seconds before the run is killed (default: the tag's; never more)")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help="default: the tag's (set at setup); a run "
                    "that asks for less protection than its tag is refused")
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "RAY_ADDRESS) instead of starting a local runtime")
     p.add_argument("--threads", type=int, help="threads per worker's run (default: the cores divided by the "
                    "workers; a tag keeps the count it started with)")
-    p.add_argument("--decision", choices=["stat", "naive"], help=DECISION_HELP + "; a new tag's, else the tag's")
+    p.add_argument("--decision", help=DECISION_HELP + "; a new tag's, else the tag's")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help=SANDBOX_HELP + "; a new tag's, else the tag's")
     p = sub.add_parser("agent", help="start any agent (default: your shell) confined: no validation or test rows "
                        "within its reach, only train.py writable; `autoresearch run/wait/status/best` work inside")

@@ -51,7 +51,8 @@ P_CONTINUE = 0.5       # after 2 or more runs, below this the candidate's mean i
 DISCARD_MARGIN = 0.5   # after one run: worse than the champion's mean by this many noise sigmas -> discard
 MAX_RUNS = 4           # runs of one candidate before an undecided one is rejected
 MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed fit before runs are paired
-RULES = ("stat", "naive")
+RULES = ("stat", "control", "naive")
+REPEATING = ("stat", "control")  # the rules that repeat a configuration over paired seeds (naive runs it once)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Comparison:
     df: int          # the degrees of freedom of the noise estimate behind se
     sigma: float     # one run's noise (the pooled sigma), the unit of DISCARD_MARGIN
     paired: bool     # whether shared seed effects were taken out (compare)
+    beside: bool = False  # whether it rests on time-adjacent pairs with controls only (in_time)
 
     @property
     def p(self) -> float:
@@ -184,6 +186,49 @@ def _by_seed(runs, config: str) -> dict[int, float]:
     return {s: fmean(vs) for s, vs in out.items()}
 
 
+def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise) -> Comparison | None:
+    """The candidate against the champion from time-adjacent pairs only (the control rule): diffs maps each
+    configuration to its d_k = run_k - its control_k (the champion on the same seed, run right before or after
+    it, so a machine's drift over minutes is in both). The d's noise is pooled over every configuration with two
+    or more (their deviations from their own mean); the candidate's own d's, once two, bound it from below (as
+    compare() does); with no pool yet, two runs' noise (sqrt(2) sigma). sigma (the unit of DISCARD_MARGIN)
+    stays one run's pooled noise. None when the candidate has no pair yet."""
+    mine = diffs.get(candidate, [])
+    if not mine:
+        return None
+    ss, df = 0.0, 0
+    for ds in diffs.values():
+        if len(ds) >= 2:
+            m = fmean(ds)
+            ss += sum((d - m) ** 2 for d in ds)
+            df += len(ds) - 1
+    var, df = (ss / df, df) if df else (2 * runs_noise.sigma ** 2, runs_noise.df)
+    if len(mine) >= 2 and statistics.variance(mine) > var:
+        var, df = statistics.variance(mine), len(mine) - 1
+    return Comparison(-fmean(mine), math.sqrt(var / len(mine)), df, runs_noise.sigma, True, beside=True)
+
+
+def control_diffs(rows, champion: str, extra: tuple[str, int, float] | None = None) -> dict[str, list[float]]:
+    """configuration -> its d's against the champion's controls: each finished run of it minus the control run
+    of `champion` made beside it on the same seed, in the order the controls ran. extra: a run not yet in rows,
+    (configuration, seed, val_bpb)."""
+    runs: dict[tuple[str, int], float] = {}
+    for c, s, v in seeded(rows) + ([extra] if extra else []):
+        runs.setdefault((c, s), v)
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        of = descriptions.control_of(r.description)
+        if r.status == "control" and r.val_bpb > 0 and r.key == champion and (of, r.seed) in runs:
+            out.setdefault(of, []).append(runs[(of, r.seed)] - r.val_bpb)
+    return out
+
+
+def controlled_seeds(rows, candidate: str, champion: str) -> set[int]:
+    """The seeds on which `champion` has a finished control beside `candidate`."""
+    return {r.seed for r in rows if r.status == "control" and r.val_bpb > 0 and r.key == champion
+            and descriptions.control_of(r.description) == candidate}
+
+
 def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS) -> Verdict:
     """The rule above for a candidate's runs against the champion's, taken as independent samples."""
     return rule(len(candidate), unpaired(candidate, champion, noise) if noise else None, max_runs)
@@ -196,7 +241,7 @@ def rule(n: int, comparison: Comparison | None, max_runs: int = MAX_RUNS) -> Ver
             return Verdict("discard", f"undecided after {n} runs (no noise estimate)", None)
         return Verdict("confirm", "no noise estimate yet", None)
     p = comparison.p
-    how = " (paired)" if comparison.paired else ""
+    how = " (beside controls)" if comparison.beside else " (paired)" if comparison.paired else ""
     gap = -comparison.diff / comparison.sigma if comparison.sigma else 0.0
     if n == 1:
         if gap > DISCARD_MARGIN:
@@ -251,15 +296,24 @@ class Series:
     runs: int          # finished runs so far
 
 
+def series_key(row) -> str:
+    """The configuration whose series a row belongs to: for a control run (the champion beside a candidate,
+    the control rule) its candidate's, else its own."""
+    return descriptions.control_of(row.description) or row.key
+
+
 def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series | None:
     """The series of one configuration, if it is unfinished: the baseline with fewer than baseline_runs runs,
-    or a candidate whose last run said `confirm`. Interrupted runs (a killed harness or worker) and refused ones
-    leave a series open; a crash of the configuration itself closes it."""
-    decided = [r for r in rows if r.key == config and r.status != "refused"
+    or a candidate whose last run said `confirm` (its controls after it keep it open). Interrupted runs (a
+    killed harness or worker) and refused ones leave a series open; a crash of the configuration itself, or of
+    a control beside it, closes it."""
+    decided = [r for r in rows if series_key(r) == config and r.status != "refused"
                and not is_interruption(r)]
     if not decided:
         return None
     last = decided[-1]
+    if last.status == "control":
+        last = [r for r in decided if r.key == config][-1]
     runs = len(samples(rows).get(config, []))
     if last.status == "confirm":
         return Series("candidate", last.commit, config, descriptions.base_description(last.description), runs)
@@ -274,7 +328,7 @@ def unfinished(rows, baseline_runs: int = BASELINE_RUNS) -> list[Series]:
     last_index = {}
     for i, r in enumerate(rows):
         if r.status != "refused" and not is_interruption(r):
-            last_index[r.key] = i
+            last_index[series_key(r)] = i
     found = [series_of(rows, key, baseline_runs) for key in sorted(last_index, key=last_index.get)]
     return [s for s in found if s is not None]
 

@@ -5,7 +5,8 @@ and every reader imports it.
 A description is a move, then the notes the harness appends:
 - the move: `idea NAME: key=value, ...` (an idea of the catalog, ideas.py), followed by WHOLE_SITE when the idea
   rewrites a site no variant matched; `NAME old -> new, NAME2 old -> new` (hyperparameter constants: the
-  built-in proposers); `baseline`, or `baseline (try N)` after the baseline crashed; or anything an agent or a
+  built-in proposers); `baseline`, or `baseline (try N)` after the baseline crashed; `control for CONFIG: MOVE`
+  (the champion run beside candidate CONFIG under the control rule, decide.py); or anything an agent or a
   person wrote (on one line: run.py and driver.py fold its white space, `clean`);
 - the notes: ` [run N]` (the N-th run of a series), ` [crash: REASON]`, ` [refused: REASON]`,
   ` [interrupted: REASON]` (record.py, run.py, driver.py), ` [agent ...]` (what the harness undid after an
@@ -25,6 +26,7 @@ HARNESS_NOTES = re.compile("|".join([re.escape(REPEAT_MARK) + r"\d+\]", re.escap
 BASELINE = "baseline"
 WHOLE_SITE = " (rewrites its whole site)"  # a move on a site no variant matched: more changes than it names
 IDEA_RE = re.compile(r"^idea (\w+): (.*)$")
+CONTROL_RE = re.compile(r"^control for ([^\s:]+): ")  # a control run: the candidate configuration it is beside
 CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant moves' "NAME old -> new"
 
 
@@ -55,6 +57,12 @@ def baseline(tries: int) -> str:
     return BASELINE if not tries else f"{BASELINE} (try {tries + 1})"
 
 
+def control(config: str, description: str) -> str:
+    """The description of a control run: the champion run beside candidate `config` (whose move was
+    `description`) on the seed of its next pair (decide.py's control rule)."""
+    return f"control for {config}: {move_text(description)}"
+
+
 def assignments(params: dict) -> str:
     """`key=value, ...`, each value as Python writes it."""
     return ", ".join(f"{k}={v!r}" for k, v in params.items())
@@ -81,6 +89,12 @@ def move_text(description: str) -> str:
     """A row's description without what the harness appends to it (the repeat's mark, a crash's or refusal's
     reason, an agent's violations)."""
     return HARNESS_NOTES.split(description, 1)[0]
+
+
+def control_of(description: str) -> str:
+    """The candidate configuration a control run was beside, or "" for any other run."""
+    m = CONTROL_RE.match(description)
+    return m.group(1) if m else ""
 
 
 def is_baseline(description: str) -> bool:

@@ -109,7 +109,7 @@ class Driver:
     def next_job(self, rows: list[ledger.Row], name: str):
         """A Job for worker `name`, "propose" when a new candidate is due, or None when nothing is (schedule.py)."""
         head = git.head(self.repo)
-        running = [job.config for job in self.running.values()]
+        running = [schedule.in_flight(job.config, job.description) for job in self.running.values()]
         step = schedule.next_run(rows, running, self.rule, self.may_begin(), tags.config_of(self.repo, head))
         if step.kind == "stop":
             raise Stop(step.reason)
@@ -119,13 +119,15 @@ class Driver:
         if step.kind == "propose":
             return "propose"
         commit = parent = head  # the baseline
-        if step.kind == "series":
+        if step.kind in ("series", "control"):
             commit = git.git(self.repo, "rev-parse", step.commit)
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
-        return self.job(rows, commit, parent, step.description, step.run_no, name)
+        return self.job(rows, commit, parent, step.description, step.run_no, name, step.seed)
 
-    def job(self, rows, commit: str, parent: str, description: str, run_no: int, name: str) -> Job:
-        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`."""
+    def job(self, rows, commit: str, parent: str, description: str, run_no: int, name: str,
+            seed: int | None = None) -> Job:
+        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`; seed: a
+        control's (schedule.control_due), else schedule.seed picks."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
         running = [job.config for job in self.running.values()]
@@ -135,7 +137,8 @@ class Driver:
         champion_config = tags.config_of(self.repo, champion)
         reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
         return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, description,
-                   schedule.seed(rows, config_id, seeds_in_flight, self.rule), schedule.repeat_number(rows, config_id, running),
+                   schedule.seed(rows, config_id, seeds_in_flight, self.rule) if seed is None else seed,
+                   schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
                    asdict(reference) if reference is not None else None)

@@ -7,7 +7,9 @@ write() and an fsync, so a kill at any moment leaves either the whole row or non
 A configuration (one train.py, named by its git blob in `config`) may run several times, with other seeds:
 `repeat` counts its runs, `mean`, `sem` and `n` are its statistics after this row, `p_better` the probability
 that it beats the champion, and `decision` why the row has its status (decide.py). Status `confirm` means "more
-runs of this configuration follow"; the last row of a series says keep or discard.
+runs of this configuration follow"; the last row of a series says keep or discard. Status `control` (the
+control rule) is a run of the champion made beside a candidate's run on the same seed: evidence for that
+candidate's decision only, never one of the champion's runs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluate
 # (the missing columns are dropped from new rows), so that a tag started before an upgrade goes on.
 EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)",
               "\t".join(COLUMNS[:26]) + "\n": "0.4 (before outside_s, test_bpb and flags)"}
-STATUSES = ("keep", "discard", "pruned", "confirm", "crash", "refused")
+STATUSES = ("keep", "discard", "pruned", "confirm", "control", "crash", "refused")
 
 
 class LedgerError(RuntimeError):

@@ -74,7 +74,7 @@ def history(rows) -> list[Experiment]:
     means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
     champion = None
     for r in rows:
-        if r.status == "refused" or decide.is_interruption(r):
+        if r.status in ("refused", "control") or decide.is_interruption(r):
             continue
         if r.key not in found:
             arm, params = parse_move(r.description)

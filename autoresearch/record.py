@@ -66,7 +66,7 @@ def test_threshold(rows: list[ledger.Row], config: Tag, rule: str) -> float | No
     single run (naive) or the champion's mean (stat)."""
     champ_row = decide.champion(rows)
     values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
-    if rule == "stat" and values:
+    if rule in decide.REPEATING and values:
         return fmean(values)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     return best_row.val_bpb if best_row else None
@@ -92,8 +92,19 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
     if config_id == champ_row.key:
         return "keep", dict(stats, decision="a repeat of the champion")
     comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
+    if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside its controls count
+        comparison = decide.in_time(decide.control_diffs(rows, champ_row.key, run), config_id, noise) or comparison
     verdict = decide.rule(len(mine), comparison)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
+
+
+def control_stats(rows: list[ledger.Row], config_id: str, seed: int) -> dict:
+    """A control run's statistics: its configuration's (the champion's) over its own runs, which controls never
+    join (a second run on a seed the champion already ran would shrink the noise estimate; decide.finished)."""
+    mine = decide.samples(rows).get(config_id, [])
+    noise = decide.pooled_noise(decide.samples(rows))
+    return dict(mean=fmean(mine) if mine else None, n=len(mine), sem=decide.sem(mine, noise) if noise and mine else None,
+                decision=f"control on seed {seed}")
 
 
 def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
@@ -112,7 +123,11 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
                                  if series is not None and series.kind == "candidate" else ""), **common)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     val_bpb = ex.evaluation["val_bpb"]
-    status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb), best_row.val_bpb if best_row else None)
+    if descriptions.control_of(ran.description):  # the champion beside a candidate: evidence, never a verdict
+        status, stats = "control", control_stats(rows, ran.config, ran.seed)
+    else:
+        status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb),
+                              best_row.val_bpb if best_row else None)
     test_bpb = ex.evaluation.get("test_bpb")
     flags = [decide.identical_flag(rows, ran.config, val_bpb, ran.seed)]
     if status == "keep":
@@ -159,7 +174,7 @@ def record(repo: Path, row: ledger.Row, run_dir: Path | None = None) -> None:
     repo/run.log for agents that follow the public protocol. A kill between any two steps loses nothing: the
     caller's marker of the run in flight (pending.json, inflight/<id>.json) is removed only after this."""
     log_path = run_dir / state.RUN_LOG if run_dir is not None else None
-    if log_path is not None and row.status in ("keep", "discard", "confirm"):
+    if log_path is not None and row.status in ("keep", "discard", "confirm", "control"):
         append_line(log_path, fixed.contract().final_line(row.val_bpb, row.memory_gb, row.steps))
     state.fault_point("recording")
     ledger.append(state.results(repo), row)

@@ -60,16 +60,17 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     rule = options.rule or config.decision or "stat"
     results = state.results(repo)
     rows = ledger.read(results, config.tag)
-    series = schedule.next_run(rows, [], rule, True, "").series  # None: this run is a new candidate
+    step = schedule.next_run(rows, [], rule, True, "")
+    series = step.series  # None: this run is a new candidate
     if series is not None:
-        description = resume(repo, series, log)
+        description = resume(repo, step, log)
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
-    seed = schedule.seed(rows, planned, [], rule, options.seed)
+    seed = step.seed if step.seed is not None else schedule.seed(rows, planned, [], rule, options.seed)
     ran = record.Ran(git.head(repo), description, run_id, seed, protection,
                      where=dict(host=socket.gethostname(), device=tags.device_label(config)))
 
@@ -124,19 +125,24 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
                    evaluation=ex.evaluation)
 
 
-def resume(repo: Path, series: decide.Series, log) -> str:
-    """The open series' commit checked out for its next run (a harness killed during the last left it open), and
-    that run's description."""
+def resume(repo: Path, step: schedule.Next, log) -> str:
+    """The open series' next run checked out (its candidate's commit, or under the control rule the champion's
+    for a control beside it; a harness killed during the last run left the series open), and that run's
+    description."""
+    series = step.series
     if EDITABLE in git.changed_files(repo):
         raise HarnessError(
             f"The {series.kind} series of {series.commit} ({series.description!r}) is unfinished: "
             f"{series.runs} run(s) so far, a harness was killed during the next. It must finish before "
             f"another change runs. Set your edit aside and finish it: `git stash && autoresearch run -m "
             f"resume && git stash pop`.")
-    if git.head(repo)[:7] != series.commit[:7]:
-        git.reset_to(repo, git.git(repo, "rev-parse", series.commit), EDITABLE)
-    log(f"{series.kind} {series.commit}: run {series.runs + 1}")
-    return descriptions.repeated(series.description, series.runs + 1)
+    if git.head(repo)[:7] != step.commit[:7]:
+        git.reset_to(repo, git.git(repo, "rev-parse", step.commit), EDITABLE)
+    if step.kind == "control":
+        log(f"control: the champion {step.commit} on seed {step.seed}, beside candidate {series.commit}")
+    else:
+        log(f"{series.kind} {series.commit}: run {series.runs + 1}")
+    return step.description
 
 
 def wait_until_quiet(repo: Path, log, give_up) -> None:
@@ -196,7 +202,7 @@ def pruning(repo: Path, config: Tag, rows, rule: str, first_run: bool) -> prune.
     """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
     under the stat rule, once there is a champion; None: it trains its whole budget. Both loops ask here: this
     process applies its .check, the parallel driver sends it to the worker with the job."""
-    if rule != "stat" or not prune.enabled() or not first_run:
+    if rule not in decide.REPEATING or not prune.enabled() or not first_run:
         return None
     return prune.reference(rows, config.budget_s, prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
                            fixed.runtime().STEP_RE)
@@ -207,8 +213,9 @@ def run_series(repo: Path, description: str, options: Options = Options(), on_ou
     series needs, each recorded as it ends. An open series left by a killed harness is finished first (see
     run_once)."""
     if options.rule is not None and options.rule not in decide.RULES:
-        raise HarnessError(f"--decision {options.rule!r}: use stat (repeats until the rule is sure, the default) or naive "
-                           "(one run, kept when below the best single run: the public project's rule).")
+        raise HarnessError(f"--decision {options.rule!r}: use stat (repeats until the rule is sure, the default), control "
+                           "(stat, its repeats each beside a run of the champion) or naive (one run, kept when below "
+                           "the best single run: the public project's rule).")
     outcomes = []
     while True:
         outcome = run_once(repo, description, options)
@@ -259,7 +266,7 @@ def summary(outcome: Outcome) -> str:
     config = f"mean {row.mean:.6f}" + (f" +- {row.sem:.6f}" if row.sem is not None else "") + f" over {row.n} run(s)"
     p = "" if row.p_better is None else f" | P(better) {row.p_better:.3f}"
     after = {"keep": "the branch holds it", "confirm": "it runs again, with another seed",
-             "discard": "train.py is back at the champion"}[row.status]
+             "discard": "train.py is back at the champion", "control": "the candidate's series goes on"}[row.status]
     return (f"{row.status}: val_bpb={row.val_bpb:.6f} | {config}{p} | {row.decision} | steps={row.steps} "
             f"| memory_gb={row.memory_gb:.1f} | tok/s={result.get('tokens_per_second', 0):.0f} | wall={row.wall_s:.0f}s "
             f"| load={row.load or 0:.2f} | commit={row.commit} | {after}")

@@ -3,7 +3,8 @@
 The sequential loop (loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver
 (driver.py) asks each time a worker is free, with the configurations its workers are running. In order:
 1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
-   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order. A
+   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order
+   (under the control rule each with the champion's control run beside it, first: control_due). A
    series whose last run was interrupted or refused is resumed only when a new experiment may begin, and counts
    as one: a run refused for a lasting reason would otherwise repeat past --max-experiments, --hours and the
    stop button;
@@ -26,13 +27,15 @@ FIRST_SEED = 42      # the public project's seed: every configuration's first ru
 
 @dataclass(frozen=True)
 class Next:
-    kind: str              # series (the next run of an unfinished series), baseline, propose, wait or stop
+    kind: str              # series (the next run of an unfinished series), control (the champion beside a series'
+                           # candidate, the control rule), baseline, propose, wait or stop
     description: str = ""
     commit: str = ""       # a series' commit; "" for the baseline (the branch's head) and proposals
     run_no: int = 1        # its place in its series
     new: bool = False      # it begins a new experiment (counted by --max-experiments)
     reason: str = ""       # kind stop: why
-    series: decide.Series | None = None  # kind series: the series it continues
+    series: decide.Series | None = None  # kind series and control: the series it continues
+    seed: int | None = None  # kind control: the seed of the pair it belongs to (else schedule.seed picks)
 
 
 def baseline_crashes(rows) -> int:
@@ -42,9 +45,10 @@ def baseline_crashes(rows) -> int:
 
 
 def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_config: str) -> Next:
-    """The next run for a free worker. rows: the tag's ledger rows; running: the configuration of every run in
-    flight (empty for the sequential loop); may_begin: whether a new experiment may start; baseline_config: the
-    configuration of train.py on the branch's head (the baseline while nothing is kept)."""
+    """The next run for a free worker. rows: the tag's ledger rows; running: the series of every run in flight
+    (its configuration, a control's candidate's: in_flight; empty for the sequential loop); may_begin: whether
+    a new experiment may start; baseline_config: the configuration of train.py on the branch's head (the
+    baseline while nothing is kept)."""
     for series in decide.unfinished(rows):
         busy = running.count(series.config)
         resume = stalled(rows, series.config)
@@ -53,7 +57,7 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
         if series.kind == "baseline" and series.runs + busy < decide.BASELINE_RUNS:
             return _repeat(series, series.runs + busy + 1, resume)
         if series.kind == "candidate" and not busy:
-            return _repeat(series, series.runs + 1, resume)
+            return (rule == "control" and control_due(rows, series, resume)) or _repeat(series, series.runs + 1, resume)
     if not any(r.status == "keep" for r in rows):
         tries = baseline_crashes(rows)
         if tries >= BASELINE_TRIES:
@@ -61,7 +65,7 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
                 f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): fix "
                 "train.py on the branch's base commit, or the machine, then run the loop again"))
         busy = running.count(baseline_config)
-        if busy >= (decide.BASELINE_RUNS if rule == "stat" else 1) or (busy == 0 and not may_begin):
+        if busy >= (decide.BASELINE_RUNS if rule in decide.REPEATING else 1) or (busy == 0 and not may_begin):
             return Next("wait")
         description = descriptions.baseline(tries)
         return Next("baseline", descriptions.repeated(description, busy + 1) if busy else description, run_no=busy + 1,
@@ -71,10 +75,33 @@ def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_conf
     return Next("propose", new=True) if may_begin else Next("wait")
 
 
+def in_flight(config: str, description: str) -> str:
+    """The series a run in flight holds (what next_run's `running` lists): a control's candidate's, else its
+    configuration's."""
+    return descriptions.control_of(description) or config
+
+
+def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
+    """Under the control rule, the champion's run due beside a surviving candidate, or None when the
+    candidate's own next run is due. Pairs are (candidate, control) on one seed, run one right after the other:
+    the candidate's first run is screened alone (decide.rule), so its control follows it; every later pair runs
+    its control first, so the candidate's run completes the pair and its row carries the verdict. Only controls
+    of the current champion count (a parallel loop may keep another candidate meanwhile)."""
+    champion = decide.champion(rows)
+    done = decide.controlled_seeds(rows, series.config, champion.key)
+    mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
+    missing = [s for s in mine if s not in done]
+    due = missing[0] if missing else seed(rows, series.config, [], "stat", first=min(mine))
+    if due in done:
+        return None
+    return Next("control", descriptions.control(series.config, series.description), champion.commit,
+                series.runs + 1, new=resume, series=series, seed=due)
+
+
 def stalled(rows, config: str) -> bool:
     """Whether a series' last run ended without a result of its own: interrupted (a killed harness, driver or
     worker) or refused."""
-    last = [r for r in rows if r.key == config]
+    last = [r for r in rows if decide.series_key(r) == config]
     return bool(last) and (last[-1].status == "refused" or decide.is_interruption(last[-1]))
 
 
@@ -91,7 +118,7 @@ def seed(rows, config: str, in_flight: list[int], rule: str, first: int = FIRST_
     so that shared seed effects cancel in the comparison (decide.compare); a run that ended with no result
     (crashed, interrupted, refused) leaves its seed to the next. The naive rule keeps the one seed, like the
     public project."""
-    if rule != "stat":
+    if rule not in decide.REPEATING:
         return first
     taken = {r.seed for r in decide.finished(rows) if r.key == config} | set(in_flight)
     return next(s for s in range(first, first + len(taken) + 1) if s not in taken)

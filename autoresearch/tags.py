@@ -61,7 +61,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
         raise HarnessError("Uncommitted changes: " + ", ".join(dirty[:5]) + ". Commit or stash them first, so the "
                            "baseline is exactly the committed train.py.")
     if rule not in decide.RULES:
-        raise HarnessError(f"--decision {rule!r}: use stat (the default) or naive.")
+        raise HarnessError(f"--decision {rule!r}: use stat (the default), control or naive.")
     try:
         protection = sandbox.protection(sandbox_mode)
     except sandbox.SandboxError as e:

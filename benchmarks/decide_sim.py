@@ -26,7 +26,7 @@ BASELINE_RUNS runs, --extra configurations of 2 runs each, in that order, then t
 (the same machine, seed effects and per-run noise), the rules:
 - today: paired seeds against the champion's runs, wherever in time they were made (decide.compare + rule);
 - control: each candidate run k is preceded by a run of the champion on the same seed (its control), and the
-  decision uses only the time-adjacent differences d_k = candidate_k - control_k (in_time(): a paired t on the
+  decision uses only the time-adjacent differences d_k = candidate_k - control_k (decide.in_time: a paired t on the
   d's, their noise pooled over the tag's configurations that have two or more, decide.rule's thresholds);
 - control-alt: the same, the order alternating (candidate-control, control-candidate, ...), so a drift that is
   linear over two pairs cancels in their mean;
@@ -93,25 +93,6 @@ DRIFT_RULES = ("today", "control", "control-alt", "control-random", "screen-rand
 RUN_S = 40.0     # seconds of the machine per run: a 10 s budget took 22 s per run on 2 cores, 30 s about 50 s
 GAP_S = 10.0     # seconds between two experiments (the agent's edit and commit)
 PERIOD_S = 180.0 # seconds of each slow and each normal period (the 2-core VM drifted for minutes at a time)
-
-
-def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: decide.Noise) -> decide.Comparison:
-    """The candidate against the champion from time-adjacent pairs only: diffs maps each configuration to its
-    d_k = run_k - its control_k (the champion on the same seed, right before or after). The d's noise is pooled
-    over every configuration with two or more (their deviations from their own mean); the candidate's own d's,
-    once two, bound it from below (as decide.compare does); with no pool yet, two runs' noise (sqrt(2) sigma).
-    sigma (the unit of DISCARD_MARGIN) stays one run's pooled noise."""
-    mine = diffs[candidate]
-    ss, df = 0.0, 0
-    for ds in diffs.values():
-        if len(ds) >= 2:
-            m = statistics.fmean(ds)
-            ss += sum((d - m) ** 2 for d in ds)
-            df += len(ds) - 1
-    var, df = (ss / df, df) if df else (2 * runs_noise.sigma ** 2, runs_noise.df)
-    if len(mine) >= 2 and statistics.variance(mine) > var:
-        var, df = statistics.variance(mine), len(mine) - 1
-    return decide.Comparison(-statistics.fmean(mine), math.sqrt(var / len(mine)), df, runs_noise.sigma, True)
 
 
 SHAPES = ("square", "recovering", "slowing")  # the drift's shape over one cycle of 2 * period (see Machine)
@@ -233,7 +214,7 @@ def drift_trial(rng: random.Random, gain: float, delta: float, rho: float, cand_
                 values: dict[str, list[float]] = {}
                 for c, _, v in runs:
                     values.setdefault(c, []).append(v)
-                verdict = decide.rule(n, in_time(diffs, "candidate", decide.pooled_noise(values)))
+                verdict = decide.rule(n, decide.in_time(diffs, "candidate", decide.pooled_noise(values)))
             if verdict.status != "confirm":
                 break
         out[rule] = (verdict.status == "keep", spent)

@@ -126,19 +126,22 @@ def aa_change(source: str, i: int, kind: str) -> str:
     return "".join(lines)
 
 
-def aa(tmp: Path, env: dict, n: int, rule: str, out, change: str = "init") -> None:
-    repo = scratch(tmp, f"aa-{rule}", detune=None)
-    tag = f"aa-{rule}"
-    cli(repo, env, "setup", "--tag", tag)
-    started = time.time()
-    cli(repo, env, "run", "-m", "baseline", "--decision", rule)
-    emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, tag), 0), started)
-    for i in range(1, n + 1):
-        (repo / "train.py").write_text(aa_change((repo / "train.py").read_text(), i, change))
-        before = len(tag_rows(repo, tag))
+def aa(tmp: Path, env: dict, n: int, rules: list[str], out, change: str = "init") -> None:
+    """n A/A experiments under each rule, each in its own repository and tag, interleaved (the first experiment
+    under every rule, then the second, ...) so the rules share the same minutes of the machine."""
+    repos = {rule: scratch(tmp, f"aa-{rule}", detune=None) for rule in rules}
+    for rule, repo in repos.items():
+        cli(repo, env, "setup", "--tag", f"aa-{rule}", "--decision", rule)
         started = time.time()
-        cli(repo, env, "run", "-m", f"A/A {i}", "--decision", rule)
-        emit(out, experiment_record("aa", rule, tag_rows(repo, tag), before), started)
+        cli(repo, env, "run", "-m", "baseline")
+        emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, f"aa-{rule}"), 0), started)
+    for i in range(1, n + 1):
+        for rule, repo in repos.items():
+            (repo / "train.py").write_text(aa_change((repo / "train.py").read_text(), i, change))
+            before = len(tag_rows(repo, f"aa-{rule}"))
+            started = time.time()
+            cli(repo, env, "run", "-m", f"A/A {i}")
+            emit(out, experiment_record("aa", rule, tag_rows(repo, f"aa-{rule}"), before), started)
 
 
 def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out) -> None:
@@ -159,23 +162,26 @@ def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out
                        "steps": result["num_steps"]}, started)
 
 
-def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, out) -> None:
+def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, rules: list[str], out) -> None:
+    """Each try: under every rule in turn (the same minutes), a fresh tag on the detuned base (its baseline's
+    three runs) and the fix as its candidate, on the try's seeds."""
     repo = scratch(tmp, "planted", detune=detune)
     _, fixed, fix_description = detuned_and_fixed((ROOT / "train.py").read_text(), detune)
     if gain_seeds:
         measure_gain(repo, env, gain_seeds, fixed, detune, out)
     for k in range(1, tries + 1):
-        sh(repo, "git", "checkout", "-q", "main")
-        tag = f"try{k}"
-        cli(repo, env, "setup", "--tag", tag)
-        seed = str(1000 * k)
-        cli(repo, env, "run", "-m", "baseline (detuned)", "--seed", seed)
-        before = len(tag_rows(repo, tag))
-        (repo / "train.py").write_text(fixed)
-        started = time.time()
-        cli(repo, env, "run", "-m", fix_description, "--seed", seed)
-        emit(out, experiment_record("planted", "stat", tag_rows(repo, tag), before) | {"try": k, "detune": detune},
-             started)
+        for rule in rules:
+            sh(repo, "git", "checkout", "-q", "main")
+            tag = f"try{k}" if rule == "stat" else f"try{k}-{rule}"
+            cli(repo, env, "setup", "--tag", tag, "--decision", rule)
+            seed = str(1000 * k)
+            started = time.time()
+            cli(repo, env, "run", "-m", "baseline (detuned)", "--seed", seed)
+            before = len(tag_rows(repo, tag))
+            (repo / "train.py").write_text(fixed)
+            cli(repo, env, "run", "-m", fix_description, "--seed", seed)
+            emit(out, experiment_record("planted", rule, tag_rows(repo, tag), before) | {"try": k, "detune": detune},
+                 started)
 
 
 def naive_replay(first_values: list[float]) -> int:
@@ -192,7 +198,7 @@ def report(records: list[dict]) -> str:
     settings = sorted({r.get("drift") or "none" for r in records})
     if settings != ["none"]:
         lines.append(f"drift (slow share : period s): {', '.join(settings)}")
-    for rule in ("stat", "naive"):
+    for rule in ("stat", "control", "naive"):
         exps = [r for r in records if r["kind"] == "aa" and r["rule"] == rule]
         if not exps:
             continue
@@ -201,7 +207,7 @@ def report(records: list[dict]) -> str:
         runs = sum(r["runs"] for r in exps)
         lines.append(f"A/A, {rule} rule: {keeps} false keeps in {len(exps)} experiments ({100 * keeps / len(exps):.0f}%), "
                      f"{runs} runs ({runs / len(exps):.2f} per experiment) plus {base['runs']} for the baseline")
-        if rule == "stat":
+        if rule == "stat" and base["values"]:
             replay = naive_replay([base["values"][0]] + [r["first_val_bpb"] for r in exps])
             lines.append(f"A/A, naive rule replayed on the same experiments' first runs: {replay} false keeps in "
                          f"{len(exps)} ({100 * replay / len(exps):.0f}%), 1 run per experiment")
@@ -219,20 +225,25 @@ def report(records: list[dict]) -> str:
                 lines.append(f"planted gain ({detune}), {name}: val_bpb {means[name]:.4f} +- {sem:.4f} "
                              f"(mean +- sem of {len(vs)} runs: {', '.join(f'{v:.4f}' for v in vs)})")
             lines.append(f"planted gain ({detune}): {means['detuned'] - means['fixed']:+.4f} val_bpb")
-        tries = [r for r in records if r["kind"] == "planted" and r.get("detune") == detune]
-        if tries:
-            kept = sum(r["status"] == "keep" for r in tries)
-            runs = sum(r["runs"] for r in tries)
-            lines.append(f"planted gain ({detune}), stat rule: kept in {kept} of {len(tries)} tries "
-                         f"({100 * kept / len(tries):.0f}%), {runs / len(tries):.2f} runs per candidate (plus 3 for "
-                         "each try's baseline); decisions: " + "; ".join(f"{r['status']} ({r['decision']})" for r in tries))
+        for rule in ("stat", "control"):
+            tries = [r for r in records if r["kind"] == "planted" and r.get("detune") == detune
+                     and r["rule"] == rule]
+            if tries:
+                kept = sum(r["status"] == "keep" for r in tries)
+                runs = sum(r["runs"] for r in tries)
+                lines.append(f"planted gain ({detune}), {rule} rule: kept in {kept} of {len(tries)} tries "
+                             f"({100 * kept / len(tries):.0f}%), {runs / len(tries):.2f} runs per candidate, controls "
+                             "included (plus 3 for each try's baseline); decisions: "
+                             + "; ".join(f"{r['status']} ({r['decision']})" for r in tries))
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="10", help="seconds of training per run (AUTORESEARCH_TIME_BUDGET)")
-    parser.add_argument("--aa", type=int, default=20, help="A/A experiments under the stat rule")
+    parser.add_argument("--aa", type=int, default=20, help="A/A experiments under each of --rules")
+    parser.add_argument("--rules", default="stat", help="the decision rules measured side by side (A/A and planted "
+                        "gain), comma-separated: stat, control (issue 33: a drifting machine)")
     parser.add_argument("--aa-change", choices=("init", "comment"), default="init",
                         help="what each A/A experiment changes (see above)")
     parser.add_argument("--naive", type=int, default=0, help="A/A experiments under the naive rule, run for real")
@@ -248,6 +259,9 @@ def main() -> None:
     if args.report:
         print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
         return
+    rules = args.rules.split(",")
+    if not set(rules) <= {"stat", "control"}:
+        raise SystemExit(f"--rules {args.rules!r}: a comma-separated list of stat and control")
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(args.budget), PYTHONPATH=str(ROOT))
     setting = drift.parse_setting(args.drift) if args.drift else None
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="decisions-"))
@@ -260,11 +274,11 @@ def main() -> None:
             log = open(out + ".drift.log", "a") if out else sys.stderr
             DRIFT = drift.Drift(tmp, *setting, log=lambda line: print(line, file=log, flush=True)).start()
         if args.aa:
-            aa(tmp, env, args.aa, "stat", out, args.aa_change)
+            aa(tmp, env, args.aa, rules, out, args.aa_change)
         if args.tries:
-            planted(tmp, env, args.tries, args.gain_seeds, args.detune, out)
+            planted(tmp, env, args.tries, args.gain_seeds, args.detune, rules, out)
         if args.naive:
-            aa(tmp, env, args.naive, "naive", out, args.aa_change)
+            aa(tmp, env, args.naive, ["naive"], out, args.aa_change)
     finally:
         if DRIFT:
             DRIFT.stop()

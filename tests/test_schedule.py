@@ -108,6 +108,76 @@ def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_
     assert schedule.repeat_number(FULL_BASE, "base", ["base"]) == 5
 
 
+# --- the control rule: a candidate's repeats beside the champion's control runs ---------------------------------
+
+SEEDED_BASE = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BASE)]  # mean 1.0, noise 0.01
+
+
+def controlled(rule: str, candidate, champion) -> list[Row]:
+    """A candidate's whole series after SEEDED_BASE, as both loops run it: what schedule.next_run asks for,
+    judged by record.judge, one row after another. candidate(seed) and champion(seed): the val_bpb a run of each
+    makes now."""
+    rows = list(SEEDED_BASE)
+    step = schedule.Next("propose")
+    while True:
+        if step.kind == "control":
+            rows.append(row("control", "base", step.description, f"control on seed {step.seed}", champion(step.seed),
+                            seed=step.seed))
+        elif step.kind in ("propose", "series"):
+            seed = schedule.seed(rows, "cand", [], rule)
+            status, stats = record.judge(rows, rule, step.series, ("cand", seed, candidate(seed)), None)
+            rows.append(row(status, "cand", step.description or "lr up", stats["decision"], candidate(seed),
+                            commit="abcdef1", seed=seed))
+        else:
+            return rows[len(SEEDED_BASE):]
+        step = schedule.next_run(rows, [], rule, False, "base")
+
+
+def test_under_the_control_rule_a_survivors_runs_are_paired_with_the_champion_on_their_seeds_in_time():
+    """The candidate's first run is screened alone; its control follows; every later pair runs its control
+    first, so the candidate's row completes the pair and carries the verdict, judged on the pairs alone."""
+    series = controlled("control", lambda seed: 0.95 + 0.001 * (seed % 2), lambda seed: 1.0 + 0.001 * (seed % 2))
+    assert [(r.status, r.seed) for r in series] == [("confirm", 42), ("control", 42), ("control", 43), ("keep", 43)]
+    assert all(descriptions.control_of(r.description) == "cand" for r in series if r.status == "control")
+    assert series[-1].decision.endswith("after 2 runs (beside controls)")
+    # a clear loss is discarded on its first run, as under the stat rule, with no control run
+    assert [r.status for r in controlled("control", lambda seed: 1.1, lambda seed: 1.0)] == ["discard"]
+
+
+def test_a_drift_that_speeds_up_the_machine_keeps_a_change_that_does_nothing_only_without_controls():
+    """Issue 33: a change that does nothing, run while the machine is 3 noise sigmas faster than when the
+    champion ran. Compared with the champion's runs from before, it is kept; beside controls made in the same
+    minutes, it is not."""
+    now = lambda seed: 0.97 + 0.002 * ((seed * 7) % 3)  # noqa: E731 - the champion's train.py, run today
+    assert controlled("stat", now, now)[-1].status == "keep"
+    series = controlled("control", now, now)
+    assert series[-1].status == "discard", [(r.status, r.decision) for r in series]
+    assert sum(r.status == "control" for r in series) == sum(r.status != "control" for r in series)
+
+
+def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
+    """A control is the champion's train.py on a seed the champion already ran: as a run of the champion it would
+    shrink the noise estimate and move the champion's mean. It counts only in its candidate's pairs, keeps the
+    candidate's series open, and a control that crashes closes it (no endless retries of a broken machine)."""
+    from autoresearch import decide
+    series = controlled("control", lambda seed: 0.95, lambda seed: 1.0)
+    rows = SEEDED_BASE + series
+    assert decide.samples(rows)["base"] == [1.0, 1.01, 0.99]
+    assert decide.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
+    opened = SEEDED_BASE + series[:2]
+    assert decide.latest_unfinished(opened).config == "cand"
+    step = schedule.next_run(opened, [], "control", False, "base")
+    assert (step.kind, step.seed, step.commit) == ("control", 43, "c0ffee0")
+    # in the parallel loop, a control in flight holds its candidate's series: nothing else of it goes out
+    assert schedule.in_flight("base", step.description) == "cand"
+    assert schedule.next_run(opened, ["cand"], "control", True, "base").kind == "propose"
+    crashed = opened + [row("crash", "base", step.description + " [crash: exit status 1]", seed=43)]
+    assert decide.latest_unfinished(crashed) is None
+    interrupted = opened + [row("crash", "base", step.description + " [interrupted: x]", "interrupted", seed=43)]
+    assert schedule.next_run(interrupted, [], "control", True, "base").kind == "control"
+    assert schedule.next_run(interrupted, [], "control", False, "base").kind == "wait"  # resumes as a new experiment
+
+
 # --- one night through both loops ------------------------------------------------------------------------------
 
 LRS = [0.02, 0.5, 0.03, 0.035]  # the agent's proposals, in order: MATRIX_LR (the baseline has 0.04); 0.5 is hopeless
@@ -195,8 +265,9 @@ class FakeRay:
         pass
 
 
-def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
-    """Six experiments (the baseline, its retry after a crash, four proposals), one worker; the ledger they leave."""
+def night(repo, tmp_path, monkeypatch, parallel: bool, rule: str = "stat") -> list[Row]:
+    """Six experiments (the baseline, its retry after a crash, four proposals), one worker, under the decision
+    rule `rule`; the ledger they leave."""
     from autoresearch import driver
     monkeypatch.chdir(repo)
     monkeypatch.setattr(execute, "execute", fake_execute)
@@ -204,7 +275,7 @@ def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
     monkeypatch.setenv("CRASH_ONCE", str(tmp_path / f"crashed-{parallel}"))
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT.format(lrs=LRS, k=len(LRS)))
-    config = tags.setup(repo, "night", sandbox_mode="off")
+    config = tags.setup(repo, "night", sandbox_mode="off", rule=rule)
     # a harness killed during the first baseline run: not the baseline's failure, in either loop
     ledger.append(state.results(repo), record.interrupted_row(
         config, {"run_id": "killed", "parent": config.base_commit, "description": "baseline"}, "harness died"))
@@ -218,8 +289,8 @@ def night(repo, tmp_path, monkeypatch, parallel: bool) -> list[Row]:
     return ledger.read(state.results(repo), "night")
 
 
-@pytest.mark.slow
-def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo, env, tmp_path, monkeypatch):
+def both_nights(repo, env, tmp_path, monkeypatch, rule: str) -> tuple[list[Row], list[Row]]:
+    """The same night through the sequential loop and the parallel driver: their ledgers, which must agree."""
     for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_COMPILE_CACHE",
                 "AUTORESEARCH_LOAD_LIMIT"):
         monkeypatch.setenv(key, env[key])
@@ -229,13 +300,19 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     import shutil
     twin = tmp_path / "twin"
     shutil.copytree(repo, twin)
-    sequential = night(repo, tmp_path, monkeypatch, parallel=False)
-    parallel = night(twin, tmp_path, monkeypatch, parallel=True)
+    sequential = night(repo, tmp_path, monkeypatch, parallel=False, rule=rule)
+    parallel = night(twin, tmp_path, monkeypatch, parallel=True, rule=rule)
 
     def decisions(rows):
         return [(descriptions.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
                 for r in rows]
     assert decisions(sequential) == decisions(parallel)
+    return sequential, parallel
+
+
+@pytest.mark.slow
+def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo, env, tmp_path, monkeypatch):
+    sequential, _ = both_nights(repo, env, tmp_path, monkeypatch, "stat")
     statuses = [r.status for r in sequential]
     # interrupted, the baseline's crash, its retry's three runs, then each proposal to its decision
     assert statuses[:5] == ["crash", "crash", "keep", "keep", "keep"], statuses
@@ -249,6 +326,25 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
     # paired seeds: every configuration's k-th run on seed 42 + k - 1; the crashed baseline's retry reuses 42
     assert [r.seed for r in sequential[1:5]] == [42, 42, 43, 44]
     assert all(r.seed == 42 + r.repeat - 1 for r in sequential[5:]), [(r.seed, r.repeat) for r in sequential]
+
+
+@pytest.mark.slow
+def test_both_loops_run_the_control_rules_pairs_the_same_way(repo, env, tmp_path, monkeypatch):
+    """Under the control rule, both loops put each surviving candidate's runs beside control runs of the
+    champion (the same commit, on the same seeds, one right after the other) and decide on those pairs."""
+    sequential, parallel = both_nights(repo, env, tmp_path, monkeypatch, "control")
+    for rows in (sequential, parallel):
+        assert any(r.status == "control" for r in rows), [(r.status, r.description) for r in rows]
+        champion = None
+        for i, r in enumerate(rows):
+            if r.status == "control":
+                assert (r.commit, r.key) == (champion.commit, champion.key)
+                # its partner, the candidate on its seed, ran right before or right after it
+                assert any(p.key == descriptions.control_of(r.description) and p.seed == r.seed
+                           for p in rows[max(i - 1, 0):i] + rows[i + 1:i + 2]), (i, [(x.status, x.seed) for x in rows])
+            champion = r if r.status == "keep" else champion
+        decided = [r for r in rows[5:] if r.status in ("keep", "discard") and r.n >= 2]
+        assert decided and all(r.decision.endswith("(beside controls)") for r in decided)
 
 
 # --- the package's shape ----------------------------------------------------------------------------------------
