@@ -22,7 +22,7 @@ def status(repo: Path) -> str:
     hw = f" | {machine.describe(config.hardware)}" if config.hardware else ""
     lines = [f"branch {git.branch(repo)} | budget {config.budget_s:g} s on the {config.clock} clock | "
              f"fingerprint {config.fingerprint[:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
-             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES)]
+             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES if counts[s] or s != "control")]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
                      f"{f'[{r.worker}] ' if r.worker else ''}{r.description}"

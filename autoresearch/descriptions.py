@@ -33,8 +33,11 @@ CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant m
 # --- writing ----------------------------------------------------------------------------------------------------
 
 def clean(text: str) -> str:
-    """A description as the ledger keeps it: one line, its white space folded, never empty."""
-    return " ".join(text.split()) or "(no description)"
+    """A description as the ledger keeps it: one line, its white space folded, never empty, and never in the
+    harness's own grammar of a control run (quoted: an agent's `control for CONFIG: ...` would otherwise join
+    another candidate's series)."""
+    text = " ".join(text.split()) or "(no description)"
+    return f'"{text}"' if CONTROL_RE.match(text) else text
 
 
 def repeated(description: str, run_no: int) -> str:

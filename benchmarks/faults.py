@@ -47,13 +47,15 @@ def loop(repo: Path, env: dict, n: int) -> subprocess.Popen:
 
 
 def orphans(repo: Path) -> list[int]:
-    """Training processes (train.py run in the clone) and evaluators (a private copy of the evaluator) still alive."""
+    """Training processes (train.py run in the clone) and evaluators (a private copy of the evaluator, started by
+    the clone's harness) still alive. Only this clone's: the test suite runs two tests at a time."""
     found = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
             cmd = p.info["cmdline"] or []
-            training = p.info["cwd"] == str(repo) and cmd and "train.py" in cmd[-1]
-            evaluator = any("autoresearch-eval-" in c and c.endswith("__main__.py") for c in cmd)  # its private copy
+            mine = p.info["cwd"] == str(repo)  # the harness runs in the clone (sandbox off): so do its children
+            training = mine and cmd and "train.py" in cmd[-1]
+            evaluator = mine and any("autoresearch-eval-" in c and c.endswith("__main__.py") for c in cmd)
             if training or evaluator:
                 found.append(p.pid)
         except (psutil.Error, TypeError):

@@ -19,6 +19,21 @@ WORDS = ("the cat dog bird sat ran flew over under near a big small red blue gre
          "quickly slowly happily and but then café naïve 東京 über").split()
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`, .ci/run's parallel pass) each worker is pinned to a core of its own: every
+    training it starts inherits the affinity, so its tag runs at one thread (machine.hardware counts the
+    affinity) and two workers never fight over a core. Tests that need the whole machine are marked `serial`."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0))
+    if worker.startswith("gw") and len(cores) > 1:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.skip("needs the whole machine: run `python -m pytest -m serial` alone (.ci/run does)")
+
+
 def make_corpus(n_docs: int = 600, seed: int = 0) -> list[str]:
     """Documents of simple repetitive sentences: learnable, with some multi-byte characters."""
     rng = random.Random(seed)

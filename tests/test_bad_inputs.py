@@ -318,6 +318,7 @@ def test_a_run_under_another_clock_than_its_tag_is_refused_and_recorded(repo, en
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a busy core, or two workers of one thread: the whole machine
 def test_a_busy_machine_is_waited_for_then_named(repo, env):
     assert cli(repo, "setup", "--tag", "busy", env=env).returncode == 0
     hog = subprocess.Popen(processes.tied_to_parent([sys.executable, "-c", "while True: pass"]))  # dies with pytest
@@ -338,6 +339,7 @@ def test_a_busy_machine_is_waited_for_then_named(repo, env):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the machine's cores: an xdist worker has one
 def test_bad_worker_settings_are_clear_errors_before_anything_starts(repo, env):
     out = cli(repo, "loop", "--workers", "0", env=env, timeout=STALL_ROOM)
     assert out.returncode == 2 and "--workers 0: give at least 1" in out.stderr

@@ -21,7 +21,7 @@ from autoresearch.jobs import Job, keep_on_branch
 from autoresearch.worker import Worker, WorkerRefused
 
 
-pytestmark = pytest.mark.slow  # every test here trains through the real harness
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # every test here trains through the real harness, on Ray's cores
 
 def trainings(under) -> list[psutil.Process]:
     """Training processes (python train.py, not the bubblewrap around them) running in a folder under `under`."""

@@ -153,6 +153,7 @@ def test_the_gpu_branch_trains_exports_and_is_kept(gpu_cache, tmp_path):
     assert sum(c["target"] == "torch.ops.aten.tanh.default" for c in calls) == 1
 
 
+@pytest.mark.serial  # a busy core, or two workers of one thread: the whole machine
 def test_the_parallel_loop_places_each_experiment_on_a_gpu_of_its_own(gpu_cache, tmp_path):
     """A machine whose nvidia-smi names two GPUs: the harness sizes the loop for them (a worker per GPU, each with
     half the cores), starts Ray with 2 GPUs, and Ray gives each worker one (CUDA_VISIBLE_DEVICES, which its runs'

@@ -257,7 +257,9 @@ def test_recovery_after_the_row_was_written(repo, env):
 @pytest.mark.parametrize("change, reason", [
     ("import no_such_module_anywhere\n", "exit status 1"),
     ("raise MemoryError('CUDA out of memory (simulated)')\n", "exit status 1"),
-    ('MATRIX_LR = float("nan")\n', "FAST_FAIL"),
+    # FAST_FAIL from the second step's loss on (the first is measured before any update); a stalled machine that
+    # fits one step in the 2 s budget exports NaN weights, which the harness's own check refuses
+    ('MATRIX_LR = float("nan")\n', ("FAST_FAIL", "check_bpb=nan is not finite")),
 ])
 def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, reason):
     assert cli(repo, "setup", "--tag", "c", env=env).returncode == 0
@@ -267,7 +269,8 @@ def test_import_error_oom_and_nan_each_end_as_one_crash_row(repo, env, change, r
     out = cli(repo, "run", "-m", "broken", env=env)
     assert out.returncode == 1
     [row] = rows(repo)
-    assert row.status == "crash" and reason in row.description and row.val_bpb == 0.0
+    reasons = (reason,) if isinstance(reason, str) else reason
+    assert row.status == "crash" and any(r in row.description for r in reasons) and row.val_bpb == 0.0, row
     assert (repo / "train.py").read_text() == source  # reset to the base commit
     assert "--- last 50 lines of the log" in out.stdout
 
@@ -349,27 +352,21 @@ def test_a_compile_base_is_named_by_what_changes_the_compiled_code(monkeypatch):
 
 
 @pytest.mark.slow
-def test_every_run_compiles_warm_from_its_configurations_base_and_two_thread_counts_get_two_bases(
-        repo, env, small_cache, tmp_path):
+def test_every_run_compiles_warm_from_its_configurations_base(repo, env, small_cache, tmp_path):
     """The shipped train.py compiles (USE_COMPILE). A configuration's compile phase fills its base (no data,
     outside the budget) before its first run, and every run trains from a private copy of it that is thrown away:
     a tag's first run compiles as warm as its second (cold, the first step takes ~40-80 s on 2 cores; warm, a few
     seconds), and no run leaves anything in the base. A change of shape gets a phase of its own, from a copy of
     its champion's base, and starts warm too (it compiled cold inside its budget, and crashed at 10 s: issue 34).
-    A base filled at 2 threads served a 1-thread run nothing (inductor's CPU kernels specialize on the thread
-    count: compiled.key): the second tag's runs compiled cold inside their budget. Now each tag's threads per run
-    get their own base and compile phase, and the run's log names the base. One tag at this machine's cores (the
-    baseline twice and a deeper model, in the sandbox where there is one), one pinned to a single core (1 thread
-    per run, as each run of `--workers 2` on 2 cores); then `clean` keeps the champions' bases and deletes an
-    old-layout one (named by the configuration alone). One test: each cold compile phase is most of a minute on 2
-    cores."""
+    The base is named by the tag's threads per run, which inductor's CPU kernels specialize on (a base filled at 2
+    threads served a 1-thread run nothing: test_a_compile_base_is_named_by_what_changes_the_compiled_code). The
+    baseline twice and a deeper model, in the sandbox where there is one, at whatever cores this test has (one
+    under the suite's parallel pass); then `clean` keeps the champion's base and deletes the other configuration's
+    and an old-layout one (named by the configuration alone). One test: a cold compile phase is most of a minute."""
     import shutil
 
     from autoresearch import compiled, decide, ledger, sandbox, state, tagconfig
     from autoresearch.edit import set_constants
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores: the two tags' threads per run must differ")
     if not sandbox.bwrap_works() and os.environ.get("CI"):
         pytest.fail("bubblewrap is required in CI (.ci/run installs it)")
     # without bubblewrap the base is compared around each run instead (a run that wrote it would be refused)
@@ -383,62 +380,53 @@ def test_every_run_compiles_warm_from_its_configurations_base_and_two_thread_cou
     source = set_constants((repo / "train.py").read_text(), {"USE_COMPILE": True, "DEPTH": 1}, "cpu")
     (repo / "train.py").write_text(with_cache_counters(source))
     sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "compile on")
-
-    def cli_on(pin, *args):  # the real CLI, on all cores or pinned to one (machine.hardware counts the affinity)
-        return subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env, text=True,
-                              capture_output=True, timeout=600, preexec_fn=pin and (lambda: os.sched_setaffinity(0, pin)))
+    threads = len(os.sched_getaffinity(0))
 
     def base_of(log):
         [name] = re.findall(r"^compile cache: started from base (\S+) ", log, re.M)
         return name
 
-    logs, outs, caches, first_steps, champion_base = {}, {}, {}, {}, []
-    for tag, pin, runs in (("wide", None, ("baseline", "baseline", "deeper")), ("narrow", {cores[0]}, ("baseline",))):
-        sh(repo, "git", "checkout", "-q", "main")
-        setup = ("--sandbox", wide_sandbox) if tag == "wide" else ()
-        assert cli_on(pin, "setup", "--tag", tag, "--decision", "naive", *setup).returncode == 0
-        for n, what in enumerate(runs):
-            if what == "deeper":  # a change of shape: none of its kernels is in the champion's base
-                (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"DEPTH": 2}, "cpu"))
-            out = cli_on(pin, "run", "-m", f"{tag} {n}")
-            assert out.returncode == 0, out.stdout + out.stderr
-            outs[tag, n] = out.stdout
-            run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
-            log = (run_dir / "run.log").read_text()
-            assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
-            assert not (run_dir / "compile").exists()  # the private copy is gone
-            logs[tag, n] = log
-            first_steps[tag, n] = float(re.search(r"^training=\S+ compile=([\d.]+)s", log, re.M).group(1))
-            caches[tag, n] = re.search(r"^caches: .*$", log, re.M)
-            if tag == "wide":
-                champion_base.append(compiled.state(compiled.root(cache) / base_of(logs["wide", 0])))
-    # one compile phase per configuration and thread count, before its first run: the baseline's repeat has none
-    assert ["compile phase for base" in out for out in outs.values()] == [True, False, True, True], outs
+    logs, outs, champion_base = [], [], []
+    assert cli(repo, "setup", "--tag", "c", "--decision", "naive", "--sandbox", wide_sandbox, env=env).returncode == 0
+    for n, what in enumerate(("baseline", "baseline", "deeper")):
+        if what == "deeper":  # a change of shape: none of its kernels is in the champion's base
+            (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"DEPTH": 2}, "cpu"))
+        out = cli(repo, "run", "-m", f"{what} {n}", env=env, timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        outs.append(out.stdout)
+        run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda d: d.name)
+        log = (run_dir / "run.log").read_text()
+        assert "compile=True" in log and "compile: inductor with" in log, log[:1000]
+        assert not (run_dir / "compile").exists()  # the private copy is gone
+        logs.append(log)
+        champion_base.append(compiled.state(compiled.root(cache) / base_of(logs[0])))
+    # one compile phase per configuration, before its first run: the baseline's repeat has none
+    assert ["compile phase for base" in out for out in outs] == [True, False, True], outs
     # the deeper model's phase started from a copy of its champion's base
-    assert f"from a copy of base {base_of(logs['wide', 0])})" in outs["wide", 2], outs["wide", 2]
-    # warm every run, the first of each tag and the change of shape too: every graph from its base, none compiled
-    # in the budget (keyed by configuration alone, narrow missed; from the champion's base, deeper missed)
-    assert all(compiled_warm(log) for log in logs.values()), (caches, first_steps)
-    assert f"threads={len(cores)}" in logs["wide", 0] and "threads=1" in logs["narrow", 0]
+    assert f"from a copy of base {base_of(logs[0])})" in outs[2], outs[2]
+    # warm every run, the first and the change of shape too: every graph from its base, none compiled in the
+    # budget (from the champion's base alone, deeper missed)
+    assert all(compiled_warm(log) for log in logs), [re.search(r"^caches: .*$", log, re.M) for log in logs]
+    assert all(f"threads={threads}" in log for log in logs)
     # no run and no phase left anything in the champion's base
     assert champion_base[0] == champion_base[1] == champion_base[2] and any("fxgraph" in p for p in champion_base[0])
     assert wide_sandbox == "off" or any("headers" in p for p in champion_base[0])  # the sandbox's /tmp/torchinductor_*
     records = {p.name.removesuffix(".done"): json.loads(p.read_text()) for p in compiled.root(cache).glob("*.done")}
-    assert len(records) == 3 and all(r["ok"] for r in records.values()), records  # a phase per base
-    for (tag, n), log in logs.items():
-        name = base_of(log)
-        assert name in records and f"-t{len(cores) if tag == 'wide' else 1}-" in name
-    assert base_of(logs["wide", 2]) != base_of(logs["wide", 0])
+    assert len(records) == 2 and all(r["ok"] for r in records.values()), records  # a phase per base
+    for log in logs:
+        assert base_of(log) in records and f"-t{threads}-" in base_of(log)
+    assert base_of(logs[2]) != base_of(logs[0])
 
+    name = base_of(logs[0])
     old = compiled.root(cache) / name.split("-")[0]  # a base of the old layout, keyed by the configuration alone
     shutil.copytree(compiled.root(cache) / name, old)
     (old.parent / f"{old.name}.done").write_text("{}")
-    dry = cli_on(None, "clean")
+    dry = cli(repo, "clean", env=env)
     assert dry.returncode == 0 and f"{old}  (" in dry.stdout and "old layout" in dry.stdout, dry.stdout
-    # the champions' bases stay (each tag's, at its threads); the other configuration's base is offered
-    champions = {compiled.key(decide.champion(ledger.read(state.results(repo), t)).key,
-                              tagconfig.read(state.tag_file(repo, t))) for t in ("wide", "narrow")}
-    assert len(champions) == 2 and champions < set(records), (champions, records)
-    assert all((str(compiled.root(cache) / n) in dry.stdout) == (n not in champions) for n in records), dry.stdout
-    assert cli_on(None, "clean", "--yes").returncode == 0
-    assert not old.exists() and all((compiled.root(cache) / n).is_dir() == (n in champions) for n in records)
+    # the champion's base stays; the other configuration's base is offered
+    champion = compiled.key(decide.champion(ledger.read(state.results(repo), "c")).key,
+                            tagconfig.read(state.tag_file(repo, "c")))
+    assert champion in records, (champion, records)
+    assert all((str(compiled.root(cache) / n) in dry.stdout) == (n != champion) for n in records), dry.stdout
+    assert cli(repo, "clean", "--yes", env=env).returncode == 0
+    assert not old.exists() and all((compiled.root(cache) / n).is_dir() == (n == champion) for n in records)

@@ -188,6 +188,7 @@ def test_the_wait_threshold_scales_with_the_cores(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a busy core, or two workers of one thread: the whole machine
 def test_a_busy_machine_delays_the_loop_and_the_run_follows(repo, env):
     """A process keeps a core busy: the loop says so (and `status` too), waits, and runs once it is gone. With
     AUTORESEARCH_LOAD_WAIT=1 each wait gives up after a second, and the loop waits again instead of ending."""

@@ -171,6 +171,8 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     # in the parallel loop, a control in flight holds its candidate's series: nothing else of it goes out
     assert schedule.in_flight("base", step.description) == "cand"
     assert schedule.next_run(opened, ["cand"], "control", True, "base").kind == "propose"
+    # an agent cannot write a control's description: its run would join another candidate's series
+    assert descriptions.control_of(descriptions.clean(step.description)) == ""
     crashed = opened + [row("crash", "base", step.description + " [crash: exit status 1]", seed=43)]
     assert decide.latest_unfinished(crashed) is None
     interrupted = opened + [row("crash", "base", step.description + " [interrupted: x]", "interrupted", seed=43)]
