@@ -29,6 +29,24 @@ def pytest_configure(config):
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
 
 
+# The slow tier's longest tests (seconds in a parallel pass on 2 cores, .ci/run at bac2cb7): under pytest-xdist
+# they go out first, so that neither worker is left with one of them at the end while the other idles. A name no
+# longer in the suite is ignored.
+LONGEST_FIRST = ("test_every_run_compiles_warm_from_its_configurations_base",  # 165-198 s
+                 "test_an_agent_detaches_a_run_waits_for_it_and_the_morning_commands_show_the_result",  # 47-137
+                 "test_the_stop_button_a_report_and_a_venv_next_to_a_real_run",  # 28-106
+                 "test_an_agent_started_by_hand_runs_a_short_night_through_the_broker",  # 59-62
+                 "test_keep_discard_crash_and_status",  # 56-57
+                 "test_sigkill_in_the_middle_of_a_confirmation_series_resumes_with_no_run_lost_or_counted_twice",
+                 "test_builtin_loop_runs_resumes_and_keeps_the_baseline")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, in the same order: the same sort
+        items.sort(key=lambda item: (item.originalname not in LONGEST_FIRST,
+                                     LONGEST_FIRST.index(item.originalname) if item.originalname in LONGEST_FIRST else 0))
+
+
 def pytest_runtest_setup(item):
     if item.get_closest_marker("serial") and os.environ.get("PYTEST_XDIST_WORKER"):
         pytest.skip("needs the whole machine: run `python -m pytest -m serial` alone (.ci/run does)")
