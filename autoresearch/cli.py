@@ -34,7 +34,7 @@ SANDBOX_HELP = ("run every training under bubblewrap: auto (where it works, defa
                 "enforcement, detection only)")
 DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats with new seeds until P(better "
                  "than the champion's mean) >= 0.98 or it is rejected; control: the same, each repeat beside a run "
-                 "of the champion on its seed, and only those pairs decide (for a machine whose speed drifts); "
+                 "of the tag's base train.py on its seed, and only those pairs decide (for a machine whose speed drifts); "
                  "naive: one run, kept when below the best single run (the public project's rule)")
 
 

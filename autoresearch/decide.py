@@ -52,6 +52,7 @@ DISCARD_MARGIN = 0.5   # after one run: worse than the champion's mean by this m
 MAX_RUNS = 4           # runs of one candidate before an undecided one is rejected
 MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed fit before runs are paired
 RULES = ("stat", "control", "naive")
+REFUSED_CLOSES = "refused during its confirmation: discarded"  # a refused candidate run's decision: its series ends
 REPEATING = ("stat", "control")  # the rules that repeat a configuration over paired seeds (naive runs it once)
 
 
@@ -186,15 +187,20 @@ def _by_seed(runs, config: str) -> dict[int, float]:
     return {s: fmean(vs) for s, vs in out.items()}
 
 
-def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise) -> Comparison | None:
+def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise, champion: str | None = None
+            ) -> Comparison | None:
     """The candidate against the champion from time-adjacent pairs only (the control rule): diffs maps each
-    configuration to its d_k = run_k - its control_k (the champion on the same seed, run right before or after
-    it, so a machine's drift over minutes is in both). The d's noise is pooled over every configuration with two
-    or more (their deviations from their own mean); the candidate's own d's, once two, bound it from below (as
-    compare() does); with no pool yet, two runs' noise (sqrt(2) sigma). sigma (the unit of DISCARD_MARGIN)
-    stays one run's pooled noise. None when the candidate has no pair yet."""
+    configuration to its d_k = run_k - control_k, the control being the tag's base train.py run right before or
+    after it on the same seed, so that a machine's drift over minutes is in both. The candidate's effect over the
+    base is the mean of its d's; the champion's likewise (champion None: the champion is the base, effect 0,
+    known exactly), so their difference is free of drift whenever each was measured. The d's noise is pooled over
+    every configuration with two or more (their deviations from their own mean); the candidate's own d's, once
+    two, bound it from below (as compare() does); with no pool yet, two runs' noise (sqrt(2) sigma). sigma (the
+    unit of DISCARD_MARGIN) stays one run's pooled noise. None when the candidate, or a champion other than the
+    base, has no pair."""
     mine = diffs.get(candidate, [])
-    if not mine:
+    theirs = diffs.get(champion, []) if champion is not None else []
+    if not mine or (champion is not None and not theirs):
         return None
     ss, df = 0.0, 0
     for ds in diffs.values():
@@ -205,27 +211,34 @@ def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise) ->
     var, df = (ss / df, df) if df else (2 * runs_noise.sigma ** 2, runs_noise.df)
     if len(mine) >= 2 and statistics.variance(mine) > var:
         var, df = statistics.variance(mine), len(mine) - 1
-    return Comparison(-fmean(mine), math.sqrt(var / len(mine)), df, runs_noise.sigma, True, beside=True)
+    se = math.sqrt(var * (1 / len(mine) + (1 / len(theirs) if theirs else 0.0)))
+    return Comparison((fmean(theirs) if theirs else 0.0) - fmean(mine), se, df, runs_noise.sigma, True, beside=True)
 
 
-def control_diffs(rows, champion: str, extra: tuple[str, int, float] | None = None) -> dict[str, list[float]]:
-    """configuration -> its d's against the champion's controls: each finished run of it minus the control run
-    of `champion` made beside it on the same seed, in the order the controls ran. extra: a run not yet in rows,
-    (configuration, seed, val_bpb)."""
+def base_row(rows):
+    """The first row of the tag's baseline (the train.py the tag was set up on, trusted: no agent wrote it), or
+    None before it ran."""
+    return next((r for r in rows if r.status == "keep" and r.decision.startswith("baseline")), None)
+
+
+def control_diffs(rows, base: str, extra: tuple[str, int, float] | None = None) -> dict[str, list[float]]:
+    """configuration -> its d's against the base's controls: each finished run of it minus the control run of the
+    base configuration `base` made beside it on the same seed, in the order the controls ran. extra: a run not
+    yet in rows, (configuration, seed, val_bpb)."""
     runs: dict[tuple[str, int], float] = {}
     for c, s, v in seeded(rows) + ([extra] if extra else []):
         runs.setdefault((c, s), v)
     out: dict[str, list[float]] = {}
     for r in rows:
         of = descriptions.control_of(r.description)
-        if r.status == "control" and r.val_bpb > 0 and r.key == champion and (of, r.seed) in runs:
+        if r.status == "control" and r.val_bpb > 0 and r.key == base and (of, r.seed) in runs:
             out.setdefault(of, []).append(runs[(of, r.seed)] - r.val_bpb)
     return out
 
 
-def controlled_seeds(rows, candidate: str, champion: str) -> set[int]:
-    """The seeds on which `champion` has a finished control beside `candidate`."""
-    return {r.seed for r in rows if r.status == "control" and r.val_bpb > 0 and r.key == champion
+def controlled_seeds(rows, candidate: str, base: str) -> set[int]:
+    """The seeds on which the base has a finished control beside `candidate`."""
+    return {r.seed for r in rows if r.status == "control" and r.val_bpb > 0 and r.key == base
             and descriptions.control_of(r.description) == candidate}
 
 
@@ -305,9 +318,10 @@ def series_key(row) -> str:
 def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series | None:
     """The series of one configuration, if it is unfinished: the baseline with fewer than baseline_runs runs,
     or a candidate whose last run said `confirm` (its controls after it keep it open). Interrupted runs (a
-    killed harness or worker) and refused ones leave a series open; a crash of the configuration itself, or of
-    a control beside it, closes it."""
-    decided = [r for r in rows if series_key(r) == config and r.status != "refused"
+    killed harness or worker) and runs refused before they trained leave a series open; a crash of the
+    configuration itself, or of a control beside it, closes it, and so does a candidate's run refused after it
+    trained (REFUSED_CLOSES: train.py broke a rule, and a redraw on demand is no sample)."""
+    decided = [r for r in rows if series_key(r) == config and (r.status != "refused" or r.decision == REFUSED_CLOSES)
                and not is_interruption(r)]
     if not decided:
         return None

@@ -6,7 +6,7 @@ A description is a move, then the notes the harness appends:
 - the move: `idea NAME: key=value, ...` (an idea of the catalog, ideas.py), followed by WHOLE_SITE when the idea
   rewrites a site no variant matched; `NAME old -> new, NAME2 old -> new` (hyperparameter constants: the
   built-in proposers); `baseline`, or `baseline (try N)` after the baseline crashed; `control for CONFIG: MOVE`
-  (the champion run beside candidate CONFIG under the control rule, decide.py); or anything an agent or a
+  (the tag's base run beside candidate CONFIG under the control rule, decide.py); or anything an agent or a
   person wrote (on one line: run.py and driver.py fold its white space, `clean`);
 - the notes: ` [run N]` (the N-th run of a series), ` [crash: REASON]`, ` [refused: REASON]`,
   ` [interrupted: REASON]` (record.py, run.py, driver.py), ` [agent ...]` (what the harness undid after an
@@ -61,7 +61,7 @@ def baseline(tries: int) -> str:
 
 
 def control(config: str, description: str) -> str:
-    """The description of a control run: the champion run beside candidate `config` (whose move was
+    """The description of a control run: the tag's base run beside candidate `config` (whose move was
     `description`) on the seed of its next pair (decide.py's control rule)."""
     return f"control for {config}: {move_text(description)}"
 

@@ -122,12 +122,12 @@ class Driver:
         if step.kind in ("series", "control"):
             commit = git.git(self.repo, "rev-parse", step.commit)
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
-        return self.job(rows, commit, parent, step.description, step.run_no, name, step.seed)
+        return self.job(rows, commit, parent, step.description, step.run_no, name, step)
 
     def job(self, rows, commit: str, parent: str, description: str, run_no: int, name: str,
-            seed: int | None = None) -> Job:
-        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`; seed: a
-        control's (schedule.control_due), else schedule.seed picks."""
+            step: schedule.Next | None = None) -> Job:
+        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`; step: what the
+        schedule asked for (a control's seed; None: a new proposal's first run)."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
         running = [job.config for job in self.running.values()]
@@ -137,9 +137,10 @@ class Driver:
         champion_config = tags.config_of(self.repo, champion)
         reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
         return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, description,
-                   schedule.seed(rows, config_id, seeds_in_flight, self.rule) if seed is None else seed,
-                   schedule.repeat_number(rows, config_id, running),
-                   run_no, record.test_threshold(rows, self.config, self.rule), name, info["host"], info["device"],
+                   schedule.seed(rows, config_id, seeds_in_flight, self.rule) if step is None or step.seed is None
+                   else step.seed, schedule.repeat_number(rows, config_id, running),
+                   run_no, record.test_threshold(rows, self.config, self.rule, step.kind if step else ""), name,
+                   info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
                    asdict(reference) if reference is not None else None)
 
@@ -176,6 +177,11 @@ class Driver:
         description = descriptions.clean(description)
         base = git.git(self.repo, "show", f"{self.config.base_commit}:{state.EDITABLE}", strip=False).encode()
         problem = run.train_py_problem(source.encode(errors="replace"), self.config, base)
+        if not problem:  # a commit object off its parent; the branch moves only on a keep
+            commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
+            rows = ledger.read(self.results, self.config.tag)
+            problem = (run.champion_repeat(rows, tags.config_of(self.repo, commit))
+                       if self.rule in decide.REPEATING else None)
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
             self.free.append(name)
             row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),
@@ -183,8 +189,7 @@ class Driver:
             ledger.append(self.results, row)
             self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
-        commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
-        self.dispatch(self.job(ledger.read(self.results, self.config.tag), commit, parent, description, 1, name))
+        self.dispatch(self.job(rows, commit, parent, description, 1, name))
 
     def dispatch(self, job: Job) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id),

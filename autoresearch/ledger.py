@@ -8,7 +8,7 @@ A configuration (one train.py, named by its git blob in `config`) may run severa
 `repeat` counts its runs, `mean`, `sem` and `n` are its statistics after this row, `p_better` the probability
 that it beats the champion, and `decision` why the row has its status (decide.py). Status `confirm` means "more
 runs of this configuration follow"; the last row of a series says keep or discard. Status `control` (the
-control rule) is a run of the champion made beside a candidate's run on the same seed: evidence for that
+control rule) is a run of the tag's base train.py made beside a candidate's run on the same seed: evidence for that
 candidate's decision only, never one of the champion's runs.
 """
 

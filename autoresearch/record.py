@@ -61,9 +61,13 @@ def interrupted_row(config: Tag, job: dict, reason: str) -> ledger.Row:
                    decision="interrupted")
 
 
-def test_threshold(rows: list[ledger.Row], config: Tag, rule: str) -> float | None:
-    """The val_bpb below which a run may be a new best, so the held-out test split is scored for it: the best
-    single run (naive) or the champion's mean (stat)."""
+def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "") -> float | None:
+    """The val_bpb below which a run may be a new best, so the held-out test split is scored (and the deep audit
+    made) for it: the best single run (naive) or the champion's mean (stat). kind: the schedule's kind of the run
+    (schedule.Next.kind). Under the control rule a survivor's run may be kept above the champion's mean (its pairs
+    decide), so every such run is scored (None); a control (the tag's base, which no agent wrote) never is."""
+    if rule == "control" and kind in ("series", "control"):
+        return float("-inf") if kind == "control" else None
     champ_row = decide.champion(rows)
     values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
     if rule in decide.REPEATING and values:
@@ -92,14 +96,17 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
     if config_id == champ_row.key:
         return "keep", dict(stats, decision="a repeat of the champion")
     comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
-    if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside its controls count
-        comparison = decide.in_time(decide.control_diffs(rows, champ_row.key, run), config_id, noise) or comparison
+    if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside the base's controls
+        base = decide.base_row(rows).key
+        beside = decide.in_time(decide.control_diffs(rows, base, run), config_id, noise,
+                                None if champ_row.key == base else champ_row.key)
+        comparison = beside or comparison  # neither has pairs yet (a champion kept before a parallel series began)
     verdict = decide.rule(len(mine), comparison)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
 
 def control_stats(rows: list[ledger.Row], config_id: str, seed: int) -> dict:
-    """A control run's statistics: its configuration's (the champion's) over its own runs, which controls never
+    """A control run's statistics: its configuration's (the tag's base) over its own runs, which controls never
     join (a second run on a seed the champion already ran would shrink the noise estimate; decide.finished)."""
     mine = decide.samples(rows).get(config_id, [])
     noise = decide.pooled_noise(decide.samples(rows))
@@ -112,9 +119,11 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
     common = dict(load=ex.training.load, wall=ex.training.wall,
                   outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
-    if ex.status == "refused":
+    if ex.status == "refused":  # after it trained: train.py broke a rule. A candidate's series ends there (a run
+        # refused on demand, after train.py saw how its training went, would otherwise be redrawn on its seed)
+        closes = series is not None and series.kind == "candidate" and not descriptions.control_of(ran.description)
         return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
-                       **common)
+                       decision=decide.REFUSED_CLOSES if closes else "", **common)
     if ex.status == "pruned":
         return ran.row(config, "pruned", decision=ex.reason, **common)
     if ex.status == "crash":
@@ -123,7 +132,7 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
                                  if series is not None and series.kind == "candidate" else ""), **common)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     val_bpb = ex.evaluation["val_bpb"]
-    if descriptions.control_of(ran.description):  # the champion beside a candidate: evidence, never a verdict
+    if descriptions.control_of(ran.description):  # the base beside a candidate: evidence, never a verdict
         status, stats = "control", control_stats(rows, ran.config, ran.seed)
     else:
         status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb),

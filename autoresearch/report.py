@@ -159,7 +159,7 @@ def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress"
         repeat[r.run_id] = key_of[r.run_id] in seen
         seen.add(key_of[r.run_id])
     styles = {"discard": ("#b0b0b0", "discarded"), "confirm": ("#4a90c2", "confirming"), "keep": ("#2a9d4a", "kept"),
-              "control": ("#d08c2a", "control (the champion beside a candidate)")}
+              "control": ("#d08c2a", "control (the base beside a candidate)")}
     for status, (color, label) in styles.items():
         firsts = [(x, r.val_bpb) for x, r in done if r.status == status and not repeat[r.run_id]]
         repeats = [(x, r.val_bpb) for x, r in done if r.status == status and repeat[r.run_id]]

@@ -70,7 +70,8 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
-    seed = step.seed if step.seed is not None else schedule.seed(rows, planned, [], rule, options.seed)
+    first = schedule.series_first(rows, series.config) if series is not None else options.seed
+    seed = step.seed if step.seed is not None else schedule.seed(rows, planned, [], rule, first)
     ran = record.Ran(git.head(repo), description, run_id, seed, protection,
                      where=dict(host=socket.gethostname(), device=tags.device_label(config)))
 
@@ -80,7 +81,8 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         raise Refused(f"Refused: {reason}")
 
     changed = git.changed_files(repo)
-    problem = admission(repo, config, protection, rule, options.timeout, changed)
+    problem = admission(repo, config, protection, rule, options.timeout, changed) or (
+        champion_repeat(rows, planned) if series is None and rule in decide.REPEATING else None)
     if problem:
         refuse(problem)
     fixed_half = fixed.of_tag(repo, config)
@@ -108,7 +110,8 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
     ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
         run_dir, seed, pending, pending_path, run_no=series.runs + 1 if series else 1, timeout=options.timeout,
-        test_threshold=record.test_threshold(rows, config, rule), compile_base=base, on_progress=options.on_progress,
+        test_threshold=record.test_threshold(rows, config, rule, step.kind), compile_base=base,
+        on_progress=options.on_progress,
         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None)))
     if base is not None:
         record.append_line(run_dir / state.RUN_LOG, compiled.note(base))
@@ -126,7 +129,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
 
 def resume(repo: Path, step: schedule.Next, log) -> str:
-    """The open series' next run checked out (its candidate's commit, or under the control rule the champion's
+    """The open series' next run checked out (its candidate's commit, or under the control rule the tag's base
     for a control beside it; a harness killed during the last run left the series open), and that run's
     description."""
     series = step.series
@@ -139,7 +142,7 @@ def resume(repo: Path, step: schedule.Next, log) -> str:
     if git.head(repo)[:7] != step.commit[:7]:
         git.reset_to(repo, git.git(repo, "rev-parse", step.commit), EDITABLE)
     if step.kind == "control":
-        log(f"control: the champion {step.commit} on seed {step.seed}, beside candidate {series.commit}")
+        log(f"control: the base {step.commit} on seed {step.seed}, beside candidate {series.commit}")
     else:
         log(f"{series.kind} {series.commit}: run {series.runs + 1}")
     return step.description
@@ -176,6 +179,20 @@ def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: floa
     if problem:
         return problem
     return tags.preflight(repo, config)
+
+
+def champion_repeat(rows, config_id: str) -> str | None:
+    """Why a new experiment may not run the champion's own train.py, or None. A repeat would join the champion's
+    runs: an agent's train.py that does worse when run again (on a given hour, say) would raise the champion's
+    mean at will, so that a later change that does nothing is kept (a red-team simulation: 4 such repeats, then
+    a no-op kept every time), and any agent could run it again while the machine is slow. The champion's runs are
+    the ones that kept it (the baseline's three). Both loops ask here, under the rules that decide on means (the
+    naive rule's bar is the best single run: a repeat there can only raise it)."""
+    champ = decide.champion(rows)
+    if champ is not None and champ.key == config_id:
+        return (f"{EDITABLE} is the champion's (commit {champ.commit}): nothing changed. Edit it to try something, "
+                "and run again")
+    return None
 
 
 def train_py_problem(raw: bytes, config: Tag, base: bytes) -> str | None:

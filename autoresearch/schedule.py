@@ -4,7 +4,7 @@ The sequential loop (loop.py) is the one-worker case: nothing is in flight when 
 (driver.py) asks each time a worker is free, with the configurations its workers are running. In order:
 1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
    BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order
-   (under the control rule each with the champion's control run beside it, first: control_due). A
+   (under the control rule each with a control run of the tag's base beside it, first: control_due). A
    series whose last run was interrupted or refused is resumed only when a new experiment may begin, and counts
    as one: a run refused for a lasting reason would otherwise repeat past --max-experiments, --hours and the
    stop button;
@@ -27,8 +27,8 @@ FIRST_SEED = 42      # the public project's seed: every configuration's first ru
 
 @dataclass(frozen=True)
 class Next:
-    kind: str              # series (the next run of an unfinished series), control (the champion beside a series'
-                           # candidate, the control rule), baseline, propose, wait or stop
+    kind: str              # series (the next run of an unfinished series), control (the tag's base beside a
+                           # series' candidate, the control rule), baseline, propose, wait or stop
     description: str = ""
     commit: str = ""       # a series' commit; "" for the baseline (the branch's head) and proposals
     run_no: int = 1        # its place in its series
@@ -82,20 +82,26 @@ def in_flight(config: str, description: str) -> str:
 
 
 def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
-    """Under the control rule, the champion's run due beside a surviving candidate, or None when the
-    candidate's own next run is due. Pairs are (candidate, control) on one seed, run one right after the other:
-    the candidate's first run is screened alone (decide.rule), so its control follows it; every later pair runs
-    its control first, so the candidate's run completes the pair and its row carries the verdict. Only controls
-    of the current champion count (a parallel loop may keep another candidate meanwhile)."""
-    champion = decide.champion(rows)
-    done = decide.controlled_seeds(rows, series.config, champion.key)
+    """Under the control rule, the control run due beside a surviving candidate, or None when the candidate's own
+    next run is due. A control is a run of the tag's base train.py (the baseline's: no agent wrote it, so no
+    agent's code decides how it does), on the candidate's seed, right beside the candidate's run: the candidate's
+    first run is screened alone (decide.rule), so its control follows it; every later pair runs its control
+    first, so the candidate's run completes the pair and its row carries the verdict."""
+    base = decide.base_row(rows)
+    done = decide.controlled_seeds(rows, series.config, base.key)
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
     missing = [s for s in mine if s not in done]
-    due = missing[0] if missing else seed(rows, series.config, [], "stat", first=min(mine))
+    due = missing[0] if missing else seed(rows, series.config, [], "stat", first=series_first(rows, series.config))
     if due in done:
         return None
-    return Next("control", descriptions.control(series.config, series.description), champion.commit,
+    return Next("control", descriptions.control(series.config, series.description), base.commit,
                 series.runs + 1, new=resume, series=series, seed=due)
+
+
+def series_first(rows, config: str, default: int = FIRST_SEED) -> int:
+    """The seed a configuration's series began on (its lowest finished run's), so that its later runs and their
+    controls follow it whatever --seed a later command gives; `default` for a configuration with none."""
+    return min((r.seed for r in decide.finished(rows) if r.key == config), default=default)
 
 
 def stalled(rows, config: str) -> bool:

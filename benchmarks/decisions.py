@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import drift  # noqa: E402  (benchmarks/drift.py)
-from autoresearch import ledger  # noqa: E402
+from autoresearch import ledger, processes  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.edit import read_constants, set_constants  # noqa: E402
 
@@ -56,8 +56,9 @@ def sh(repo: Path, *args: str) -> str:
 
 
 def cli(repo: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "autoresearch.cli", *args], cwd=repo, env=env,
-                          capture_output=True, text=True)
+    # dies with this script: a benchmark stopped midway left its `autoresearch run` training on, orphaned
+    proc = subprocess.run(processes.tied_to_parent([sys.executable, "-m", "autoresearch.cli", *args]), cwd=repo,
+                          env=env, capture_output=True, text=True)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"autoresearch {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return proc

@@ -113,29 +113,31 @@ def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_
 SEEDED_BASE = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BASE)]  # mean 1.0, noise 0.01
 
 
-def controlled(rule: str, candidate, champion) -> list[Row]:
-    """A candidate's whole series after SEEDED_BASE, as both loops run it: what schedule.next_run asks for,
-    judged by record.judge, one row after another. candidate(seed) and champion(seed): the val_bpb a run of each
-    makes now."""
-    rows = list(SEEDED_BASE)
+def controlled(rule: str, candidate, base, rows=None, config: str = "cand") -> list[Row]:
+    """A candidate's whole series after `rows` (SEEDED_BASE by default), as both loops run it: what
+    schedule.next_run asks for, judged by record.judge, one row after another. candidate(seed) and base(seed): the
+    val_bpb a run of the candidate and a control run of the tag's base make now. Its rows."""
+    rows = list(SEEDED_BASE if rows is None else rows)
+    start = len(rows)
     step = schedule.Next("propose")
     while True:
         if step.kind == "control":
-            rows.append(row("control", "base", step.description, f"control on seed {step.seed}", champion(step.seed),
-                            seed=step.seed))
+            rows.append(row("control", "base", step.description, f"control on seed {step.seed}", base(step.seed),
+                            commit=step.commit, seed=step.seed))
         elif step.kind in ("propose", "series"):
-            seed = schedule.seed(rows, "cand", [], rule)
-            status, stats = record.judge(rows, rule, step.series, ("cand", seed, candidate(seed)), None)
-            rows.append(row(status, "cand", step.description or "lr up", stats["decision"], candidate(seed),
-                            commit="abcdef1", seed=seed))
+            seed = schedule.seed(rows, config, [], rule)
+            status, stats = record.judge(rows, rule, step.series, (config, seed, candidate(seed)), None)
+            rows.append(row(status, config, step.description or f"try {config}", stats["decision"],
+                            candidate(seed), commit=f"{config}0000"[:7], seed=seed))
         else:
-            return rows[len(SEEDED_BASE):]
+            return rows[start:]
         step = schedule.next_run(rows, [], rule, False, "base")
 
 
 def test_under_the_control_rule_a_survivors_runs_are_paired_with_the_champion_on_their_seeds_in_time():
-    """The candidate's first run is screened alone; its control follows; every later pair runs its control
-    first, so the candidate's row completes the pair and carries the verdict, judged on the pairs alone."""
+    """The candidate's first run is screened alone; its control (a run of the tag's base) follows; every later
+    pair runs its control first, so the candidate's row completes the pair and carries the verdict, judged on the
+    pairs alone."""
     series = controlled("control", lambda seed: 0.95 + 0.001 * (seed % 2), lambda seed: 1.0 + 0.001 * (seed % 2))
     assert [(r.status, r.seed) for r in series] == [("confirm", 42), ("control", 42), ("control", 43), ("keep", 43)]
     assert all(descriptions.control_of(r.description) == "cand" for r in series if r.status == "control")
@@ -174,10 +176,51 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     # an agent cannot write a control's description: its run would join another candidate's series
     assert descriptions.control_of(descriptions.clean(step.description)) == ""
     crashed = opened + [row("crash", "base", step.description + " [crash: exit status 1]", seed=43)]
+    refused = SEEDED_BASE + series[:4] + [row("refused", "cand", "try cand [run 3] [refused: ran 40 s past its budget]",
+                                              decide.REFUSED_CLOSES, seed=44)]
+    assert decide.latest_unfinished(refused) is None  # no redraw on demand: train.py broke a rule after training
     assert decide.latest_unfinished(crashed) is None
     interrupted = opened + [row("crash", "base", step.description + " [interrupted: x]", "interrupted", seed=43)]
     assert schedule.next_run(interrupted, [], "control", True, "base").kind == "control"
     assert schedule.next_run(interrupted, [], "control", False, "base").kind == "wait"  # resumes as a new experiment
+
+
+def test_no_agents_code_runs_as_a_control_so_a_champion_cannot_do_worse_when_it_is_run_again():
+    """Red team: the champion is an agent's train.py. Run again as every later candidate's control, one that does
+    worse on seeds it never ran (a later command's --seed) or after a given hour got a change that does nothing
+    kept 64-67% of the time. Controls run the tag's base (no agent wrote it); a candidate and a champion are
+    compared by their effects over it, each measured beside it in time."""
+    a = controlled("control", lambda seed: 0.95, lambda seed: 1.0, config="a")
+    assert a[-1].status == "keep" and {r.key for r in a if r.status == "control"} == {"base"}
+    # b does what a does: no better, whatever a's code would have done as a control
+    b = controlled("control", lambda seed: 0.95 + 0.001 * (seed % 2), lambda seed: 1.0, rows=SEEDED_BASE + a,
+                   config="b")
+    assert b[-1].status == "discard" and {r.key for r in b if r.status == "control"} == {"base"}, \
+        [(r.status, r.key, r.decision) for r in b]
+    assert all(r.commit == "c0ffee0" for r in b if r.status == "control")
+    # a real gain over the champion is still seen: b's effect over the base beside a's
+    c = controlled("control", lambda seed: 0.90, lambda seed: 1.0, rows=SEEDED_BASE + a, config="c")
+    assert c[-1].status == "keep", [(r.status, r.decision) for r in c]
+
+
+def test_a_series_keeps_its_seeds_whatever_seed_a_later_command_gives():
+    """Red team: a series begun with --seed 1000 and resumed without it ran its candidate on 42 and its control
+    on 1001, and was decided on one pair."""
+    started = SEEDED_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, seed=1000)]
+    assert schedule.series_first(started, "cand") == 1000 and schedule.series_first(started, "x") == 42
+    step = schedule.next_run(started, [], "control", False, "base")
+    assert (step.kind, step.seed) == ("control", 1000)
+    paired = started + [row("control", "base", step.description, "", 1.0, seed=1000)]
+    assert schedule.next_run(paired, [], "control", False, "base").seed == 1001
+
+
+def test_the_champions_own_train_py_is_no_new_experiment():
+    """Red team (the stat rule too): a repeat of the champion joined its runs, so a champion's train.py that does
+    worse when run again (after a given hour) raised its mean at will, and a later no-op was kept every time after
+    4 such repeats. Both loops refuse it before it trains."""
+    from autoresearch import run
+    assert "nothing changed" in run.champion_repeat(FULL_BASE, "base")
+    assert run.champion_repeat(FULL_BASE, "cand") is None and run.champion_repeat([], "base") is None
 
 
 # --- one night through both loops ------------------------------------------------------------------------------
@@ -332,19 +375,18 @@ def test_the_sequential_loop_and_the_parallel_driver_decide_the_same_night(repo,
 
 @pytest.mark.slow
 def test_both_loops_run_the_control_rules_pairs_the_same_way(repo, env, tmp_path, monkeypatch):
-    """Under the control rule, both loops put each surviving candidate's runs beside control runs of the
-    champion (the same commit, on the same seeds, one right after the other) and decide on those pairs."""
+    """Under the control rule, both loops put each surviving candidate's runs beside control runs of the tag's
+    base (its commit, on the same seeds, one right after the other) and decide on those pairs."""
     sequential, parallel = both_nights(repo, env, tmp_path, monkeypatch, "control")
     for rows in (sequential, parallel):
         assert any(r.status == "control" for r in rows), [(r.status, r.description) for r in rows]
-        champion = None
+        base = next(r for r in rows if r.status == "keep")
         for i, r in enumerate(rows):
-            if r.status == "control":
-                assert (r.commit, r.key) == (champion.commit, champion.key)
+            if r.status == "control":  # the tag's base, whatever the champion is by then
+                assert (r.commit, r.key) == (base.commit, base.key)
                 # its partner, the candidate on its seed, ran right before or right after it
                 assert any(p.key == descriptions.control_of(r.description) and p.seed == r.seed
                            for p in rows[max(i - 1, 0):i] + rows[i + 1:i + 2]), (i, [(x.status, x.seed) for x in rows])
-            champion = r if r.status == "keep" else champion
         decided = [r for r in rows[5:] if r.status in ("keep", "discard") and r.n >= 2]
         assert decided and all(r.decision.endswith("(beside controls)") for r in decided)
 
