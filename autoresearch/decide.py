@@ -52,7 +52,7 @@ DISCARD_MARGIN = 0.5   # after one run: worse than the champion's mean by this m
 MAX_RUNS = 4           # runs of one candidate before an undecided one is rejected
 MIN_PAIRED_DF = 3      # residual degrees of freedom of the configuration + seed fit before runs are paired
 RULES = ("stat", "control", "naive")
-REFUSED_CLOSES = "refused during its confirmation: discarded"  # a refused candidate run's decision: its series ends
+REFUSED_CLOSES = "refused after it trained"  # the decision of a run train.py got refused: its series ends
 REPEATING = ("stat", "control")  # the rules that repeat a configuration over paired seeds (naive runs it once)
 
 

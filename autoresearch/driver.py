@@ -137,8 +137,8 @@ class Driver:
         champion_config = tags.config_of(self.repo, champion)
         reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
         return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, description,
-                   schedule.seed(rows, config_id, seeds_in_flight, self.rule) if step is None or step.seed is None
-                   else step.seed, schedule.repeat_number(rows, config_id, running),
+                   schedule.seed(rows, config_id, seeds_in_flight, self.rule, schedule.series_first(rows, config_id))
+                   if step is None or step.seed is None else step.seed, schedule.repeat_number(rows, config_id, running),
                    run_no, record.test_threshold(rows, self.config, self.rule, step.kind if step else ""), name,
                    info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
@@ -180,8 +180,11 @@ class Driver:
         if not problem:  # a commit object off its parent; the branch moves only on a keep
             commit = git.commit_with(self.repo, parent, state.EDITABLE, source, description)
             rows = ledger.read(self.results, self.config.tag)
-            problem = (run.champion_repeat(rows, tags.config_of(self.repo, commit))
-                       if self.rule in decide.REPEATING else None)
+            config_id = tags.config_of(self.repo, commit)
+            if self.rule in decide.REPEATING:  # nothing new: ran before, or running now (copies side by side)
+                problem = run.rerun_problem(rows, config_id) or (
+                    f"{state.EDITABLE} as it is is running now on another worker: propose something else"
+                    if any(job.config == config_id for job in self.running.values()) else None)
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free
             self.free.append(name)
             row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),

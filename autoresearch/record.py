@@ -100,7 +100,11 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
         base = decide.base_row(rows).key
         beside = decide.in_time(decide.control_diffs(rows, base, run), config_id, noise,
                                 None if champ_row.key == base else champ_row.key)
-        comparison = beside or comparison  # neither has pairs yet (a champion kept before a parallel series began)
+        if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
+            status = "discard" if len(mine) >= decide.MAX_RUNS else "confirm"
+            return status, dict(stats, decision=f"no pairs beside controls after {len(mine)} runs"
+                                + (": undecided" if status == "discard" else ""))
+        comparison = beside
     verdict = decide.rule(len(mine), comparison)
     return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
 
@@ -119,11 +123,12 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
     common = dict(load=ex.training.load, wall=ex.training.wall,
                   outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
-    if ex.status == "refused":  # after it trained: train.py broke a rule. A candidate's series ends there (a run
-        # refused on demand, after train.py saw how its training went, would otherwise be redrawn on its seed)
-        closes = series is not None and series.kind == "candidate" and not descriptions.control_of(ran.description)
+    if ex.status == "refused":  # after it trained: train.py broke a rule. Its series ends there, and it may not run
+        # again as a new experiment (run.rerun_problem): a run refused on demand, after train.py saw how its
+        # training went, would otherwise be redrawn on its seed. Refused before it trained: no result; it may run.
+        trained = bool(ex.training.wall) and not descriptions.control_of(ran.description)
         return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
-                       decision=decide.REFUSED_CLOSES if closes else "", **common)
+                       decision=decide.REFUSED_CLOSES if trained else "", **common)
     if ex.status == "pruned":
         return ran.row(config, "pruned", decision=ex.reason, **common)
     if ex.status == "crash":

@@ -82,7 +82,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
     changed = git.changed_files(repo)
     problem = admission(repo, config, protection, rule, options.timeout, changed) or (
-        champion_repeat(rows, planned) if series is None and rule in decide.REPEATING else None)
+        rerun_problem(rows, planned) if series is None and rule in decide.REPEATING else None)
     if problem:
         refuse(problem)
     fixed_half = fixed.of_tag(repo, config)
@@ -181,17 +181,27 @@ def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: floa
     return tags.preflight(repo, config)
 
 
-def champion_repeat(rows, config_id: str) -> str | None:
-    """Why a new experiment may not run the champion's own train.py, or None. A repeat would join the champion's
-    runs: an agent's train.py that does worse when run again (on a given hour, say) would raise the champion's
-    mean at will, so that a later change that does nothing is kept (a red-team simulation: 4 such repeats, then
-    a no-op kept every time), and any agent could run it again while the machine is slow. The champion's runs are
-    the ones that kept it (the baseline's three). Both loops ask here, under the rules that decide on means (the
-    naive rule's bar is the best single run: a repeat there can only raise it)."""
+def rerun_problem(rows, config_id: str) -> str | None:
+    """Why train.py as it is may not start a new experiment, or None: it ran before in this tag (the champion's,
+    or any configuration with a result, a crash, a pruning or a refusal after it trained). A repeat of the
+    champion would join its runs: an agent's train.py that does worse when run again (on a given hour, say)
+    raised the champion's mean at will, and a later no-op was kept every time (a red-team simulation, 4 repeats).
+    A resubmission of any other would redraw a run that train.py ended on purpose (a crash, a refusal, after it
+    saw its training go badly), on its seed, against the same controls. An interrupted run is no result: its
+    configuration may run again; so may the baseline, before it is kept. Both loops ask here, under the rules that decide on means (the naive rule's bar
+    is the best single run: a repeat there can only raise it)."""
     champ = decide.champion(rows)
-    if champ is not None and champ.key == config_id:
+    if champ is None:  # the baseline, again after a crash: the user's train.py, no agent's
+        return None
+    if champ.key == config_id:
         return (f"{EDITABLE} is the champion's (commit {champ.commit}): nothing changed. Edit it to try something, "
                 "and run again")
+    ran = [r for r in rows if r.key == config_id and (
+        r.status in ("keep", "discard", "confirm", "pruned") or (r.status == "crash" and not decide.is_interruption(r))
+        or (r.status == "refused" and r.decision == decide.REFUSED_CLOSES))]
+    if ran:
+        return (f"{EDITABLE} as it is ran before in this tag (run {ran[-1].run_id}, {ran[-1].status}, commit "
+                f"{ran[-1].commit}): its result stands. Edit it to try something new, and run again")
     return None
 
 

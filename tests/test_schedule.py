@@ -214,13 +214,21 @@ def test_a_series_keeps_its_seeds_whatever_seed_a_later_command_gives():
     assert schedule.next_run(paired, [], "control", False, "base").seed == 1001
 
 
-def test_the_champions_own_train_py_is_no_new_experiment():
+def test_a_train_py_that_ran_before_is_no_new_experiment():
     """Red team (the stat rule too): a repeat of the champion joined its runs, so a champion's train.py that does
     worse when run again (after a given hour) raised its mean at will, and a later no-op was kept every time after
-    4 such repeats. Both loops refuse it before it trains."""
-    from autoresearch import run
-    assert "nothing changed" in run.champion_repeat(FULL_BASE, "base")
-    assert run.champion_repeat(FULL_BASE, "cand") is None and run.champion_repeat([], "base") is None
+    4 such repeats; a configuration resubmitted after train.py had itself refused (or crashed, or pruned) was
+    redrawn on its seed. Both loops refuse it before it trains; an interrupted run is no result."""
+    from autoresearch import decide, run
+    assert "nothing changed" in run.rerun_problem(FULL_BASE, "base")
+    assert run.rerun_problem(FULL_BASE, "cand") is None and run.rerun_problem([], "base") is None
+    assert run.rerun_problem([row("crash", "base", "baseline [crash: exit status 1]")], "base") is None  # its retry
+    for last in (row("refused", "cand", "x [refused: late]", decide.REFUSED_CLOSES), row("crash", "cand", "x"),
+                 row("pruned", "cand", "x"), row("discard", "cand", "x", "", 1.1)):
+        assert "ran before" in run.rerun_problem(FULL_BASE + [last], "cand"), last
+    for last in (row("refused", "cand", "x [refused: other files changed]"),
+                 row("crash", "cand", "x [interrupted: harness died]", "interrupted")):
+        assert run.rerun_problem(FULL_BASE + [last], "cand") is None, last
 
 
 # --- one night through both loops ------------------------------------------------------------------------------
