@@ -72,9 +72,22 @@ def commit_file(repo: Path, path: str, message: str) -> str:
 
 def reset_to(repo: Path, commit: str, path: str) -> None:
     """Move the branch to commit and put `path` back as it is there; nothing else in the work tree is touched
-    (the harness's commits change `path` alone, so the index then matches commit)."""
+    (the harness's commits change `path` alone, so the index then matches commit). The file is written in place,
+    the same inode: a confined agent's sandbox binds it (confine.py), and `git checkout` replaced it, after which
+    the agent's every write failed with "Read-only file system" (the kernel dissolves a bind whose file is
+    unlinked). A link there is replaced, never written through."""
     git(repo, "reset", "--soft", "-q", commit)
-    git(repo, "checkout", commit, "--", path)
+    data = subprocess.run(["git", "cat-file", "--filters", f"{commit}:{path}"], cwd=repo, capture_output=True,
+                          check=True).stdout  # as checkout writes it: line endings and filters applied
+    target = repo / path
+    try:
+        fd = os.open(target, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+    except OSError:  # gone, or a link
+        target.unlink(missing_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    git(repo, "reset", "-q", commit, "--", path)  # its index entry as at commit
 
 
 def restore(repo: Path, paths: list[str]) -> None:

@@ -181,3 +181,33 @@ def test_a_run_trains_on_the_train_py_it_checked_and_committed(repo, env, tmp_pa
     finally:
         os.environ.clear()
         os.environ.update(old)
+
+
+def test_putting_train_py_back_keeps_the_file_a_confined_agent_has_bound(tmp_path):
+    """Red team (round 2): a discard or a control put train.py back with `git checkout`, which replaces the file;
+    a confined agent's sandbox binds that file (confine.wrap_agent), and the kernel dissolves a bind whose file is
+    unlinked: the agent's next edit failed with "Read-only file system". The file is now rewritten in place."""
+    import subprocess
+
+    from autoresearch import git
+
+    def sh(*args):
+        return subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    sh("git", "init", "-q")
+    (tmp_path / "train.py").write_text("a = 1\n")
+    sh("git", "add", "train.py")
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a")
+    first = sh("git", "rev-parse", "HEAD")
+    (tmp_path / "train.py").write_text("a = 2\n")
+    sh("git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "b")
+    inode = (tmp_path / "train.py").stat().st_ino
+    git.reset_to(tmp_path, first, "train.py")
+    assert (tmp_path / "train.py").read_text() == "a = 1\n" and (tmp_path / "train.py").stat().st_ino == inode
+    assert sh("git", "rev-parse", "HEAD") == first and sh("git", "status", "--porcelain") == ""
+    # a link left in its place is replaced, never written through
+    (tmp_path / "elsewhere").write_text("not train.py\n")
+    (tmp_path / "train.py").unlink()
+    (tmp_path / "train.py").symlink_to(tmp_path / "elsewhere")
+    git.reset_to(tmp_path, first, "train.py")
+    assert not (tmp_path / "train.py").is_symlink() and (tmp_path / "elsewhere").read_text() == "not train.py\n"
+    assert (tmp_path / "train.py").read_text() == "a = 1\n"
