@@ -202,13 +202,8 @@ def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise, ch
     theirs = diffs.get(champion, []) if champion is not None else []
     if not mine or (champion is not None and not theirs):
         return None
-    ss, df = 0.0, 0
-    for ds in diffs.values():
-        if len(ds) >= 2:
-            m = fmean(ds)
-            ss += sum((d - m) ** 2 for d in ds)
-            df += len(ds) - 1
-    var, df = (ss / df, df) if df else (2 * runs_noise.sigma ** 2, runs_noise.df)
+    pooled = pooled_noise(diffs)  # the d's deviations from their own configuration's mean, as runs' are
+    var, df = (pooled.sigma ** 2, pooled.df) if pooled else (2 * runs_noise.sigma ** 2, runs_noise.df)
     if len(mine) >= 2 and statistics.variance(mine) > var:
         var, df = statistics.variance(mine), len(mine) - 1
     se = math.sqrt(var * (1 / len(mine) + (1 / len(theirs) if theirs else 0.0)))
