@@ -111,7 +111,7 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
 
 def control_stats(rows: list[ledger.Row], config_id: str, seed: int) -> dict:
     """A control run's statistics: its configuration's (the tag's base) over its own runs, which controls never
-    join (a second run on a seed the champion already ran would shrink the noise estimate; decide.finished)."""
+    join (a second run on a seed the base already ran would shrink the noise estimate; decide.finished)."""
     mine = decide.samples(rows).get(config_id, [])
     noise = decide.pooled_noise(decide.samples(rows))
     return dict(mean=fmean(mine) if mine else None, n=len(mine), sem=decide.sem(mine, noise) if noise and mine else None,
