@@ -18,7 +18,16 @@ checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` ex
   fresh tag on the detuned base (its baseline: 3 runs) and the fix (the default value back) as the candidate,
   on the try's seeds (its k-th run on its baseline's k-th: paired). The fix should be kept.
 Each experiment is a JSON line (--out); the report gives false keeps, kept fixes and the runs each rule spent.
-Run it alone (2 cores): it trains all the time.
+Run it alone (2 cores): it trains all the time. With --keep DIR and --out, a measurement stopped midway (a
+session's end, Ctrl-C) resumes when the same command is run again: the experiments with a record are not run again,
+the one in flight goes on where its tag's ledger stands.
+
+    python benchmarks/decisions.py --budget 30 --rules control:20,stat:10 --tries 0 --drift 0.33:180 \
+        --keep /tmp/dec --out dec.jsonl    # (again, to resume)
+
+--rules control:20,stat:10 gives each rule its number of A/A experiments (the first ten of each interleaved, then
+control's alone); --set NAME=VALUE changes a constant of every base's train.py (cpu profile), e.g.
+USE_COMPILE=False for an eager model at a short budget.
 
 --drift SLOW:PERIOD (e.g. 0.33:180) switches on a drifting machine for the whole measurement: benchmarks/drift.py
 slows every training in the scratch directory to 1 - SLOW of its speed for PERIOD seconds, then leaves it alone
@@ -72,13 +81,22 @@ def detuned_and_fixed(source: str, detune: str) -> tuple[str, str, str]:
     return set_constants(source, {name: value}, "cpu"), source, f"fix {name} {value!r} -> {default!r}"
 
 
+BASE_SETTINGS: dict[str, object] = {}  # --set: constants of this checkout's train.py changed for every base
+
+
+def base_source() -> str:
+    """This checkout's train.py with --set's constants: the base of every A/A tag and of the planted gain."""
+    source = (ROOT / "train.py").read_text()
+    return set_constants(source, BASE_SETTINGS, "cpu") if BASE_SETTINGS else source
+
+
 def scratch(tmp: Path, name: str, detune: str | None) -> Path:
     repo = tmp / name
     repo.mkdir()
-    for name in ("train.py", *FIXED, ".gitignore"):
+    for name in (*FIXED, ".gitignore"):
         shutil.copy(ROOT / name, repo / name)
-    if detune:
-        (repo / "train.py").write_text(detuned_and_fixed((repo / "train.py").read_text(), detune)[0])
+    source = base_source()
+    (repo / "train.py").write_text(detuned_and_fixed(source, detune)[0] if detune else source)
     sh(repo, "git", "init", "-q", "-b", "main")
     sh(repo, "git", "add", "-A")
     sh(repo, "git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "base")
@@ -93,6 +111,8 @@ def emit(out, record: dict, started: float | None = None) -> None:
     """Print and append one record; started: the epoch second its experiment began (for its slow_share)."""
     record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     record["drift"] = DRIFT.setting if DRIFT else None
+    record["budget"] = os.environ.get("AUTORESEARCH_TIME_BUDGET")
+    record["settings"] = BASE_SETTINGS
     if DRIFT and started is not None:
         record["slow_share"] = round(DRIFT.slow_share(started, time.time()), 3)
     RECORDS.append(record)
@@ -127,19 +147,37 @@ def aa_change(source: str, i: int, kind: str) -> str:
     return "".join(lines)
 
 
-def aa(tmp: Path, env: dict, n: int, rules: list[str], out, change: str = "init") -> None:
-    """n A/A experiments under each rule, each in its own repository and tag, interleaved (the first experiment
-    under every rule, then the second, ...) so the rules share the same minutes of the machine."""
-    repos = {rule: scratch(tmp, f"aa-{rule}", detune=None) for rule in rules}
-    for rule, repo in repos.items():
-        cli(repo, env, "setup", "--tag", f"aa-{rule}", "--decision", rule)
-        started = time.time()
-        cli(repo, env, "run", "-m", "baseline")
-        emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, f"aa-{rule}"), 0), started)
-    for i in range(1, n + 1):
+def done(kind: str, rule: str, **match) -> list[dict]:
+    """The records of this kind and rule so far (those of --out read back on resume, then this run's)."""
+    return [r for r in RECORDS if r["kind"] == kind and r["rule"] == rule
+            and all(r.get(k) == v for k, v in match.items())]
+
+
+def aa(tmp: Path, env: dict, counts: dict[str, int], out, change: str = "init") -> None:
+    """counts[rule] A/A experiments under each rule, each rule in its own repository and tag, interleaved (the
+    first experiment under every rule, then the second, ...) so the rules share the same minutes of the machine.
+    Resumes: an experiment with a record is not run again; one that was interrupted goes on (its train.py is
+    still in the repository, and `autoresearch run` continues an open series)."""
+    repos = {}
+    for rule in counts:
+        repo = tmp / f"aa-{rule}"
+        if not done("aa-baseline", rule):
+            shutil.rmtree(repo, ignore_errors=True)  # a baseline that did not finish: the rule starts over
+            repo = scratch(tmp, f"aa-{rule}", detune=None)
+            cli(repo, env, "setup", "--tag", f"aa-{rule}", "--decision", rule)
+            started = time.time()
+            cli(repo, env, "run", "-m", "baseline")
+            emit(out, experiment_record("aa-baseline", rule, tag_rows(repo, f"aa-{rule}"), 0), started)
+        repos[rule] = repo
+    for i in range(1, max(counts.values(), default=0) + 1):
         for rule, repo in repos.items():
-            (repo / "train.py").write_text(aa_change((repo / "train.py").read_text(), i, change))
-            before = len(tag_rows(repo, f"aa-{rule}"))
+            finished = done("aa", rule)
+            if i > counts[rule] or i <= len(finished):
+                continue
+            source = (repo / "train.py").read_text()
+            if f"# A/A change {i}:" not in source:  # (there already when experiment i was interrupted)
+                (repo / "train.py").write_text(aa_change(source, i, change))
+            before = done("aa-baseline", rule)[0]["runs"] + sum(r["runs"] for r in finished)
             started = time.time()
             cli(repo, env, "run", "-m", f"A/A {i}")
             emit(out, experiment_record("aa", rule, tag_rows(repo, f"aa-{rule}"), before), started)
@@ -149,11 +187,14 @@ def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out
     """val_bpb of the detuned base and of the fix, by hand (train.py sees the validation split then)."""
     for name, source in (("detuned", (repo / "train.py").read_text()), ("fixed", fixed)):
         work = repo.parent / f"gain-{name}"
-        work.mkdir()
+        work.mkdir(exist_ok=True)
         for f in FIXED:
             shutil.copy(repo / f, work / f)
         (work / "train.py").write_text(source)
         for seed in range(1, seeds + 1):
+            if any(r["kind"] == "gain" and r.get("detune") == detune and r["config"] == name and r["seed"] == seed
+                   for r in RECORDS):
+                continue  # measured before an interruption
             started = time.time()
             with tempfile.TemporaryDirectory() as run_dir:
                 run_env = dict(env, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=run_dir)
@@ -165,15 +206,23 @@ def measure_gain(repo: Path, env: dict, seeds: int, fixed: str, detune: str, out
 
 def planted(tmp: Path, env: dict, tries: int, gain_seeds: int, detune: str, rules: list[str], out) -> None:
     """Each try: under every rule in turn (the same minutes), a fresh tag on the detuned base (its baseline's
-    three runs) and the fix as its candidate, on the try's seeds."""
-    repo = scratch(tmp, "planted", detune=detune)
-    _, fixed, fix_description = detuned_and_fixed((ROOT / "train.py").read_text(), detune)
+    three runs) and the fix as its candidate, on the try's seeds. Resumes: a try with a record is not run again;
+    an interrupted one starts over in a tag of its own."""
+    repo = tmp / "planted"
+    if not repo.exists():
+        repo = scratch(tmp, "planted", detune=detune)
+    _, fixed, fix_description = detuned_and_fixed(base_source(), detune)
     if gain_seeds:
         measure_gain(repo, env, gain_seeds, fixed, detune, out)
     for k in range(1, tries + 1):
         for rule in rules:
-            sh(repo, "git", "checkout", "-q", "main")
+            if done("planted", rule, detune=detune, **{"try": k}):
+                continue
+            sh(repo, "git", "checkout", "-q", "-f", "main")
             tag = f"try{k}" if rule == "stat" else f"try{k}-{rule}"
+            taken = set(sh(repo, "git", "branch", "--format=%(refname:short)").split())
+            tag = next(f"{tag}{suffix}" for suffix in ("", "b", "c", "d", "e", "f") if f"autoresearch/{tag}{suffix}"
+                       not in taken)  # an interrupted try's tag stays as it was
             cli(repo, env, "setup", "--tag", tag, "--decision", rule)
             seed = str(1000 * k)
             started = time.time()
@@ -242,9 +291,11 @@ def report(records: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="10", help="seconds of training per run (AUTORESEARCH_TIME_BUDGET)")
-    parser.add_argument("--aa", type=int, default=20, help="A/A experiments under each of --rules")
+    parser.add_argument("--aa", type=int, default=20, help="A/A experiments under each of --rules (a rule's own count: "
+                        "RULE:N in --rules)")
     parser.add_argument("--rules", default="stat", help="the decision rules measured side by side (A/A and planted "
-                        "gain), comma-separated: stat, control (issue 33: a drifting machine)")
+                        "gain), comma-separated: stat, control (issue 33: a drifting machine); control:20,stat:10 "
+                        "gives each its number of A/A experiments")
     parser.add_argument("--aa-change", choices=("init", "comment"), default="init",
                         help="what each A/A experiment changes (see above)")
     parser.add_argument("--naive", type=int, default=0, help="A/A experiments under the naive rule, run for real")
@@ -253,33 +304,60 @@ def main() -> None:
     parser.add_argument("--detune", default="UNEMBEDDING_LR=0.001", help="the planted gain's detuned constant")
     parser.add_argument("--out", help="append every experiment as a JSON line here")
     parser.add_argument("--report", help="only print the report of this JSON-lines file")
-    parser.add_argument("--keep", help="keep the scratch repositories in this directory")
+    parser.add_argument("--keep", metavar="DIR", help="keep the scratch repositories in DIR; with --out, a "
+                        "measurement stopped midway resumes where it stopped when run again with the same arguments")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a constant of train.py's cpu profile changed in every base (e.g. USE_COMPILE=False)")
     parser.add_argument("--drift", metavar="SLOW:PERIOD", help="a drifting machine (benchmarks/drift.py) for the "
                         "whole measurement: trainings at 1 - SLOW of their speed for PERIOD s, then PERIOD s normal")
     args = parser.parse_args()
     if args.report:
         print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
         return
-    rules = args.rules.split(",")
-    if not set(rules) <= {"stat", "control"}:
-        raise SystemExit(f"--rules {args.rules!r}: a comma-separated list of stat and control")
+    counts = {}
+    for item in args.rules.split(","):
+        rule, _, n = item.partition(":")
+        if rule not in ("stat", "control") or (n and not n.isdigit()):
+            raise SystemExit(f"--rules {args.rules!r}: a comma-separated list of stat and control, each optionally "
+                             "with its number of A/A experiments (control:20,stat:10)")
+        counts[rule] = int(n) if n else args.aa
+    rules = list(counts)
+    defaults = read_constants((ROOT / "train.py").read_text(), "cpu")
+    for item in args.set:
+        name, eq, value = item.partition("=")
+        if not eq or name not in defaults:
+            raise SystemExit(f"--set {item!r}: NAME=VALUE with NAME a constant of train.py ({', '.join(defaults)})")
+        BASE_SETTINGS[name] = value == "True" if isinstance(defaults[name], bool) else type(defaults[name])(value)
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(args.budget), PYTHONPATH=str(ROOT))
     setting = drift.parse_setting(args.drift) if args.drift else None
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="decisions-"))
     tmp.mkdir(parents=True, exist_ok=True)
     out = args.out
+    if out and Path(out).exists():
+        if not args.keep:
+            raise SystemExit(f"{out} holds a measurement: give --keep DIR (its scratch repositories) to resume it, "
+                             "or another --out")
+        RECORDS.extend(json.loads(l) for l in Path(out).read_text().splitlines() if l.strip())
+        for r in RECORDS[-1:]:
+            asked = {"budget": str(args.budget), "drift": drift.Drift(tmp, *setting).setting if setting else None,
+                       "settings": BASE_SETTINGS}
+            differs = [k for k, v in asked.items() if k in r and r[k] != v]
+            if differs:
+                raise SystemExit(f"{out} was measured with other settings ({', '.join(f'{k}={r[k]!r}' for k in differs)}):"
+                                 " resume it with the same arguments, or give another --out")
+        print(f"resuming {out}: {len(RECORDS)} records", flush=True)
     start = time.time()
     global DRIFT
     try:
         if setting:
             log = open(out + ".drift.log", "a") if out else sys.stderr
             DRIFT = drift.Drift(tmp, *setting, log=lambda line: print(line, file=log, flush=True)).start()
-        if args.aa:
-            aa(tmp, env, args.aa, rules, out, args.aa_change)
+        if any(counts.values()):
+            aa(tmp, env, counts, out, args.aa_change)
         if args.tries:
             planted(tmp, env, args.tries, args.gain_seeds, args.detune, rules, out)
         if args.naive:
-            aa(tmp, env, args.naive, ["naive"], out, args.aa_change)
+            aa(tmp, env, {"naive": args.naive}, out, args.aa_change)
     finally:
         if DRIFT:
             DRIFT.stop()
