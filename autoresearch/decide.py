@@ -93,7 +93,7 @@ class Comparison:
     df: int          # the degrees of freedom of the noise estimate behind se
     sigma: float     # one run's noise (the pooled sigma), the unit of DISCARD_MARGIN
     paired: bool     # whether shared seed effects were taken out (compare)
-    beside: bool = False  # whether it rests on time-adjacent pairs with controls only (in_time)
+    beside: bool = False  # whether it rests on time-adjacent pairs with controls only (control.in_time)
 
     @property
     def p(self) -> float:
@@ -185,56 +185,6 @@ def _by_seed(runs, config: str) -> dict[int, float]:
         if c == config:
             out.setdefault(s, []).append(v)
     return {s: fmean(vs) for s, vs in out.items()}
-
-
-def in_time(diffs: dict[str, list[float]], candidate: str, runs_noise: Noise, champion: str | None = None
-            ) -> Comparison | None:
-    """The candidate against the champion from time-adjacent pairs only (the control rule): diffs maps each
-    configuration to its d_k = run_k - control_k, the control being the tag's base train.py run right before or
-    after it on the same seed, so that a machine's drift over minutes is in both. The candidate's effect over the
-    base is the mean of its d's; the champion's likewise (champion None: the champion is the base, effect 0,
-    known exactly), so their difference is free of drift whenever each was measured. The d's noise is pooled over
-    every configuration with two or more (their deviations from their own mean); the candidate's own d's, once
-    two, bound it from below (as compare() does); with no pool yet, two runs' noise (sqrt(2) sigma). sigma (the
-    unit of DISCARD_MARGIN) stays one run's pooled noise. None when the candidate, or a champion other than the
-    base, has no pair."""
-    mine = diffs.get(candidate, [])
-    theirs = diffs.get(champion, []) if champion is not None else []
-    if not mine or (champion is not None and not theirs):
-        return None
-    pooled = pooled_noise(diffs)  # the d's deviations from their own configuration's mean, as runs' are
-    var, df = (pooled.sigma ** 2, pooled.df) if pooled else (2 * runs_noise.sigma ** 2, runs_noise.df)
-    if len(mine) >= 2 and statistics.variance(mine) > var:
-        var, df = statistics.variance(mine), len(mine) - 1
-    se = math.sqrt(var * (1 / len(mine) + (1 / len(theirs) if theirs else 0.0)))
-    return Comparison((fmean(theirs) if theirs else 0.0) - fmean(mine), se, df, runs_noise.sigma, True, beside=True)
-
-
-def base_row(rows):
-    """The first row of the tag's baseline (the train.py the tag was set up on, trusted: no agent wrote it), or
-    None before it ran."""
-    return next((r for r in rows if r.status == "keep" and r.decision.startswith("baseline")), None)
-
-
-def control_diffs(rows, base: str, extra: tuple[str, int, float] | None = None) -> dict[str, list[float]]:
-    """configuration -> its d's against the base's controls: each finished run of it minus the control run of the
-    base configuration `base` made beside it on the same seed, in the order the controls ran. extra: a run not
-    yet in rows, (configuration, seed, val_bpb)."""
-    runs: dict[tuple[str, int], float] = {}
-    for c, s, v in seeded(rows) + ([extra] if extra else []):
-        runs.setdefault((c, s), v)
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        of = descriptions.control_of(r.description)
-        if r.status == "control" and r.val_bpb > 0 and r.key == base and (of, r.seed) in runs:
-            out.setdefault(of, []).append(runs[(of, r.seed)] - r.val_bpb)
-    return out
-
-
-def controlled_seeds(rows, candidate: str, base: str) -> set[int]:
-    """The seeds on which the base has a finished control beside `candidate`."""
-    return {r.seed for r in rows if r.status == "control" and r.val_bpb > 0 and r.key == base
-            and descriptions.control_of(r.description) == candidate}
 
 
 def decide(candidate: list[float], champion: list[float], noise: Noise | None, max_runs: int = MAX_RUNS) -> Verdict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, descriptions, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch import control, decide, descriptions, execute, fixed, ledger, sandbox, state, supervise
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
@@ -97,8 +97,8 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
         return "keep", dict(stats, decision="a repeat of the champion")
     comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
     if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside the base's controls
-        base = decide.base_row(rows).key
-        beside = decide.in_time(decide.control_diffs(rows, base, run), config_id, noise,
+        base = control.base_row(rows).key
+        beside = control.in_time(control.control_diffs(rows, base, run), config_id, noise,
                                 None if champ_row.key == base else champ_row.key)
         if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
             status = "discard" if len(mine) >= decide.MAX_RUNS else "confirm"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autoresearch import decide, descriptions
+from autoresearch import control, decide, descriptions
 
 BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
 FIRST_SEED = 42      # the public project's seed: every configuration's first run (seed(), paired seeds)
@@ -87,8 +87,8 @@ def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
     agent's code decides how it does), on the candidate's seed, right beside the candidate's run: the candidate's
     first run is screened alone (decide.rule), so its control follows it; every later pair runs its control
     first, so the candidate's run completes the pair and its row carries the verdict."""
-    base = decide.base_row(rows)
-    done = decide.controlled_seeds(rows, series.config, base.key)
+    base = control.base_row(rows)
+    done = control.controlled_seeds(rows, series.config, base.key)
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
     missing = [s for s in mine if s not in done]
     due = missing[0] if missing else seed(rows, series.config, [], "stat", first=series_first(rows, series.config))

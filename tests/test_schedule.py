@@ -161,11 +161,11 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     """A control is the champion's train.py on a seed the champion already ran: as a run of the champion it would
     shrink the noise estimate and move the champion's mean. It counts only in its candidate's pairs, keeps the
     candidate's series open, and a control that crashes closes it (no endless retries of a broken machine)."""
-    from autoresearch import decide
+    from autoresearch import control, decide
     series = controlled("control", lambda seed: 0.95, lambda seed: 1.0)
     rows = SEEDED_BASE + series
     assert decide.samples(rows)["base"] == [1.0, 1.01, 0.99]
-    assert decide.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
+    assert control.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
     opened = SEEDED_BASE + series[:2]
     assert decide.latest_unfinished(opened).config == "cand"
     step = schedule.next_run(opened, [], "control", False, "base")
