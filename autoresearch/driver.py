@@ -122,12 +122,11 @@ class Driver:
         if step.kind in ("series", "control"):
             commit = git.git(self.repo, "rev-parse", step.commit)
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
-        return self.job(rows, commit, parent, step.description, step.run_no, name, step)
+        return self.job(rows, commit, parent, step, name)
 
-    def job(self, rows, commit: str, parent: str, description: str, run_no: int, name: str,
-            step: schedule.Next | None = None) -> Job:
-        """The Job of the run_no-th run of `commit` (train.py as committed there) for worker `name`; step: what the
-        schedule asked for (a control's seed; None: a new proposal's first run)."""
+    def job(self, rows, commit: str, parent: str, step: schedule.Next, name: str) -> Job:
+        """The Job of `commit` (train.py as committed there) for worker `name`: the run the schedule asked for
+        (step: its description, its place in the series, a control's seed), or a new proposal's first run."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
         running = [job.config for job in self.running.values()]
@@ -135,11 +134,12 @@ class Driver:
         info = self.workers[name][1]
         champion = tags.last_kept_commit(self.repo, self.config, rows)
         champion_config = tags.config_of(self.repo, champion)
-        reference = run.pruning(self.repo, self.config, rows, self.rule, run_no == 1 and config_id != champion_config)
-        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, description,
+        reference = run.pruning(self.repo, self.config, rows, self.rule,
+                                step.run_no == 1 and config_id != champion_config)
+        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, step.description,
                    schedule.seed(rows, config_id, seeds_in_flight, self.rule, schedule.series_first(rows, config_id))
-                   if step is None or step.seed is None else step.seed, schedule.repeat_number(rows, config_id, running),
-                   run_no, record.test_threshold(rows, self.config, self.rule, step.kind if step else ""), name,
+                   if step.seed is None else step.seed, schedule.repeat_number(rows, config_id, running),
+                   step.run_no, record.test_threshold(rows, self.config, self.rule, step.kind), name,
                    info["host"], info["device"],
                    info["protection"], state.now(), source, champion_config,
                    asdict(reference) if reference is not None else None)
@@ -192,7 +192,7 @@ class Driver:
             ledger.append(self.results, row)
             self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
-        self.dispatch(self.job(rows, commit, parent, description, 1, name))
+        self.dispatch(self.job(rows, commit, parent, schedule.Next("propose", description), name))
 
     def dispatch(self, job: Job) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id),
