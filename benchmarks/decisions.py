@@ -58,6 +58,7 @@ from autoresearch.edit import read_constants, set_constants  # noqa: E402
 
 RECORDS: list[dict] = []
 DRIFT: drift.Drift | None = None  # the drift switched on by --drift, if any
+BUDGET: str | None = None  # --budget
 
 
 def sh(repo: Path, *args: str) -> str:
@@ -111,7 +112,7 @@ def emit(out, record: dict, started: float | None = None) -> None:
     """Print and append one record; started: the epoch second its experiment began (for its slow_share)."""
     record["time"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     record["drift"] = DRIFT.setting if DRIFT else None
-    record["budget"] = os.environ.get("AUTORESEARCH_TIME_BUDGET")
+    record["budget"] = BUDGET
     record["settings"] = BASE_SETTINGS
     if DRIFT and started is not None:
         record["slow_share"] = round(DRIFT.slow_share(started, time.time()), 3)
@@ -289,6 +290,7 @@ def report(records: list[dict]) -> str:
 
 
 def main() -> None:
+    global BUDGET, DRIFT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", default="10", help="seconds of training per run (AUTORESEARCH_TIME_BUDGET)")
     parser.add_argument("--aa", type=int, default=20, help="A/A experiments under each of --rules (a rule's own count: "
@@ -328,7 +330,8 @@ def main() -> None:
         if not eq or name not in defaults:
             raise SystemExit(f"--set {item!r}: NAME=VALUE with NAME a constant of train.py ({', '.join(defaults)})")
         BASE_SETTINGS[name] = value == "True" if isinstance(defaults[name], bool) else type(defaults[name])(value)
-    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(args.budget), PYTHONPATH=str(ROOT))
+    BUDGET = str(args.budget)
+    env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=BUDGET, PYTHONPATH=str(ROOT))
     setting = drift.parse_setting(args.drift) if args.drift else None
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="decisions-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -341,13 +344,13 @@ def main() -> None:
         for r in RECORDS[-1:]:
             asked = {"budget": str(args.budget), "drift": drift.Drift(tmp, *setting).setting if setting else None,
                        "settings": BASE_SETTINGS}
-            differs = [k for k, v in asked.items() if k in r and r[k] != v]
+            differs = [k for k, v in asked.items() if k in r and r[k] != v
+                       and not (k == "budget" and r[k] is None)]  # (not recorded before 2026-12-02 08:40)
             if differs:
                 raise SystemExit(f"{out} was measured with other settings ({', '.join(f'{k}={r[k]!r}' for k in differs)}):"
                                  " resume it with the same arguments, or give another --out")
         print(f"resuming {out}: {len(RECORDS)} records", flush=True)
     start = time.time()
-    global DRIFT
     try:
         if setting:
             log = open(out + ".drift.log", "a") if out else sys.stderr
