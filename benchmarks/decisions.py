@@ -257,12 +257,13 @@ def report(records: list[dict]) -> str:
         keeps = sum(r["status"] == "keep" for r in exps)
         runs = sum(r["runs"] for r in exps)
         lines.append(f"A/A, {rule} rule: {keeps} false keeps in {len(exps)} experiments ({100 * keeps / len(exps):.0f}%), "
-                     f"{runs} runs ({runs / len(exps):.2f} per experiment) plus {base['runs']} for the baseline")
+                     f"{runs} runs ({runs / len(exps):.2f} per experiment) plus {base['runs']} for the baseline; "
+                     f"{sum(r['runs'] > 1 for r in exps)} past the first run")
         if rule == "stat" and base["values"]:
             replay = naive_replay([base["values"][0]] + [r["first_val_bpb"] for r in exps])
             lines.append(f"A/A, naive rule replayed on the same experiments' first runs: {replay} false keeps in "
                          f"{len(exps)} ({100 * replay / len(exps):.0f}%), 1 run per experiment")
-            values = [v for r in exps for v in r["values"]] + base["values"]
+            values = [v for r in exps for v in r["values"] if v > 0] + base["values"]  # (a pruned run has none)
             lines.append(f"A/A runs: {len(values)}, val_bpb mean {statistics.mean(values):.4f}, std "
                          f"{statistics.stdev(values):.4f} (one run's noise at this budget)")
     for detune in dict.fromkeys(r.get("detune") for r in records if r["kind"] in ("gain", "planted")):
