@@ -1,14 +1,17 @@
 """Full-budget training runs of train.py with some constants changed, over several seeds, side by side.
 
     python benchmarks/sweep.py --seeds 0 1 2 --out sweep.jsonl @d6ebd4d baseline 'DEPTH=6,MODEL_DIM=192'
+    python benchmarks/sweep.py --seeds 0 1 2 --out sweep.jsonl baseline 'mlp_ratio.ratio=2' 'mlp_ratio.ratio=2,DEPTH=3'
     python benchmarks/sweep.py --report sweep.jsonl
 
 Each argument is one configuration: comma-separated NAME=VALUE (Python literals) applied to the active
-profile's constants of this checkout's train.py; 'baseline' changes nothing; a leading '@REV' takes train.py
-from that git revision instead (e.g. '@d6ebd4d' for an old default, '@d6ebd4d,DEPTH=6'). Runs go seed by seed
-and, within a seed, configuration by configuration, so a slow hour of the machine hits every configuration.
-Every run writes one JSON line (its result.json, the configuration and the seed) to --out and prints a row; at
-the end, and with --report, a table of mean +- sem over seeds per configuration, with the median seconds
+profile's constants of this checkout's train.py, or IDEA.PARAM=VALUE, an idea of the built-in researcher's
+catalog set to a variant (autoresearch/ideas.py, e.g. 'mlp_ratio.ratio=2'); 'baseline' changes nothing; a
+leading '@REV' takes train.py from that git revision instead (e.g. '@d6ebd4d' for an old default,
+'@d6ebd4d,DEPTH=6'). Runs go seed by seed and, within a seed, configuration by configuration, so a slow hour of
+the machine hits every configuration. Every run writes one JSON line (its result.json, the configuration and
+the seed) to --out and prints a row; the same command again resumes: a (configuration, seed) already in --out
+is not run again. At the end, and with --report, a table of mean +- sem over seeds per configuration, with the median seconds
 outside the budget (the process's wall clock minus its training, which by hand includes the validation pass). train.py runs by hand (it
 evaluates val_bpb itself on the validation split, which the harness reproduces to 1e-5 in float32), with the
 prepared data, AUTORESEARCH_TIME_BUDGET (300 s by default), and the harness's compile cache. Run it alone.
@@ -29,17 +32,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch.edit import set_constants  # noqa: E402
-from autoresearch import compiled  # noqa: E402
+from autoresearch import compiled, ideas  # noqa: E402
 
 
 def parse_config(text: str) -> tuple[str | None, dict]:
-    """(git revision or None, constant changes)."""
+    """(git revision or None, changes: a constant's NAME or an idea's (IDEA, PARAM) to its value)."""
     rev = None
     if text.startswith("@"):
         rev, _, text = text[1:].partition(",")
     if text in ("", "baseline"):
         return rev, {}
-    return rev, {k.strip(): ast.literal_eval(v.strip()) for k, v in (item.split("=", 1) for item in text.split(","))}
+    changes = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        name = name.strip()
+        changes[tuple(name.split(".", 1)) if "." in name else name] = ast.literal_eval(value.strip())
+    return rev, changes
+
+
+def edited(rev: str | None, changes: dict, profile: str) -> str:
+    """train.py of `rev` with the changes applied: the constants', then each idea's variant."""
+    source = set_constants(source_of(rev), {k: v for k, v in changes.items() if isinstance(k, str)}, profile)
+    by_idea = {}
+    for key, value in changes.items():
+        if isinstance(key, tuple):
+            by_idea.setdefault(key[0], {})[key[1]] = value
+    for name, params in by_idea.items():
+        if name not in ideas.IDEAS:
+            raise SystemExit(f"{name}: no such idea (the catalog: {', '.join(sorted(ideas.IDEAS))})")
+        source = ideas.apply(source, ideas.IDEAS[name], params, profile)
+    return source
 
 
 def source_of(rev: str | None) -> str:
@@ -64,6 +86,14 @@ def report(rows: list[dict]) -> None:
               f"{statistics.median(r['compile_seconds'] for r in rs):9.1f} "
               f"{statistics.median(r.get('wall_seconds', float('nan')) - r['training_seconds'] for r in rs):9.1f} "
               f"{statistics.median(r['eval_seconds'] for r in rs):6.1f}")
+
+
+def already_run(out: Path, configs, seeds) -> list[dict]:
+    """The runs `out` holds of these configurations and seeds: a sweep started again does not repeat them."""
+    if not out.exists():
+        return []
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["config"] in configs and r["seed"] in seeds]
 
 
 def run_once(source: str, cache: Path, extra_env: dict) -> tuple[dict | str, float]:
@@ -97,17 +127,24 @@ def main():
     if args.report:
         report([json.loads(line) for line in open(args.report)])
         return
-    editions = {text: set_constants(source_of(rev), changes, args.profile)
+    editions = {text: edited(rev, changes, args.profile)
                 for text in args.configs for rev, changes in [parse_config(text)]}  # bad configs fail before any run
     cache = Path(os.environ.get("AUTORESEARCH_CACHE") or Path.home() / ".cache" / "autoresearch")
-    done = []
-    for text, edited in editions.items() if args.warm else ():
-        _, wall = run_once(edited, cache, {"AUTORESEARCH_TIME_BUDGET": "1"})
+    done = already_run(Path(args.out), editions, args.seeds)
+    finished = {(r["config"], r["seed"]) for r in done}
+    if finished:
+        print(f"{len(finished)} run(s) already in {args.out}: not run again", flush=True)
+    for text, source in editions.items() if args.warm else ():
+        if all((text, seed) in finished for seed in args.seeds):
+            continue
+        _, wall = run_once(source, cache, {"AUTORESEARCH_TIME_BUDGET": "1"})
         print(f"{text:45s} warmed in {wall:.0f} s", flush=True)
     print(f"{'config':45s} {'seed':>4s} {'val_bpb':>8s} {'steps':>6s} {'tok/s':>7s} {'mfu%':>5s} {'compile_s':>9s}")
     for seed in args.seeds:
-        for text, edited in editions.items():
-            result, wall = run_once(edited, cache, {"AUTORESEARCH_SEED": str(seed)})
+        for text, source in editions.items():
+            if (text, seed) in finished:
+                continue
+            result, wall = run_once(source, cache, {"AUTORESEARCH_SEED": str(seed)})
             if isinstance(result, str):
                 print(f"{text:45s} {seed:4d} crashed: {result}", flush=True)
                 continue
