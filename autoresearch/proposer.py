@@ -7,9 +7,17 @@ categorical). Which move, a Thompson-sampling bandit decides:
    worse activation), the move back comes first, each such move once;
 2. a constant whose step was just kept is stepped again the same way (coordinate descent);
 3. otherwise each *arm* (an idea, or "tune NAME" for a constant) has a Beta belief in "this move gets kept":
-   its prior (1:4 for a move away from the record's choice, 1:2 for any other) plus one keep or one failure (a
-   discard, a pruned or crashed run) per decided experiment of the arm on any champion, so ideas that do not pay
-   fade; the arm with the highest draw moves, to a variant it has not tried if it has one.
+   its prior (1:4 for a move away from the record's choice, 1:2 for any other) plus, per decided experiment of
+   the arm, one keep, or one failure (a discard, a pruned or crashed run), or half of each for a discard whose
+   paired effect was better than its champion (a gain too small to be sure of); a failure against an earlier
+   champion counts half (the move may pay now); the arm with the highest draw moves, to a variant not yet
+   tried against the current champion if it has one.
+A move that failed is worth another look once the champion has changed (issue 33: ReLU squared, discarded while
+the head's init was still broken, was never tried again after the init was repaired): the record's choices of
+step 1 are tried again once after a keep, and "tried" in step 3 means tried against this champion. A constant
+outside its range (an agent's 0 for a learning rate, which halving and doubling never leave) steps back to the
+range's nearest end or its middle; once both steps of a constant have failed against the champion, the steps of
+half the size (a value between) are offered.
 Never to a train.py the tag already ran, never to a variant that crashed, never on an arm that a parallel worker
 is running now (so side-by-side proposals differ).
 
@@ -25,15 +33,15 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from optuna.distributions import CategoricalDistribution, IntDistribution
-
 from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
-from autoresearch.space import SPACES, consequences, in_space, rounded
+from autoresearch.space import SPACES, consequences, steps
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, once; then by its record)
 PRIOR_AWAY = (1, 4)       # away from it
 PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
+RECORD_TRIES = 2          # a move back to the record's choice: tried first, and once more after a keep
+OLD_FAILURE = 0.5         # the weight of a failure against an earlier champion in an arm's belief
 
 
 # --- what the ledger says about moves --------------------------------------------------------------------------
@@ -107,27 +115,7 @@ class Move:
     description: str
     prior: tuple[int, int] = PRIOR_NEUTRAL
     direction: str = ""  # a constant's: up or down
-
-
-def _steps(name: str, dist, value) -> list[tuple[object, str]]:
-    """The values a constant may step to from `value`, each with its direction (none from a value outside its
-    range: an agent may have written anything there)."""
-    if not isinstance(dist, CategoricalDistribution) and not in_space(dist, value):
-        return []
-    if isinstance(dist, CategoricalDistribution):
-        choices = list(dist.choices)
-        if value not in choices:
-            return [(c, "") for c in choices]
-        i = choices.index(value)
-        return [(choices[j], "down" if j < i else "up") for j in (i - 1, i + 1) if 0 <= j < len(choices)]
-    if isinstance(dist, IntDistribution):
-        out = [(value - 1, "down"), (value + 1, "up")]
-    elif dist.log:
-        out = [(rounded(value / 2), "down"), (rounded(value * 2), "up")]
-    else:
-        quarter = (dist.high - dist.low) / 4
-        out = [(rounded(max(dist.low, value - quarter)), "down"), (rounded(min(dist.high, value + quarter)), "up")]
-    return [(v, d) for v, d in out if in_space(dist, v) and v != value]
+    fine: bool = False   # a constant's half step (offered once both full steps failed against the champion)
 
 
 @functools.lru_cache(maxsize=8)
@@ -160,16 +148,20 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
     for name, dist in SPACES[profile].items():
         if name not in values:
             continue
-        for value, direction in _steps(name, dist, values[name]):
-            changes = {name: value}
-            changes.update(consequences(changes, values, seq_len))
-            try:
-                new = set_constants(source, changes, profile)
-            except EditError:
-                continue
-            out.append(Move(f"tune {name}", {name: value, "from": values[name]}, new,
-                            descriptions.constants_text((k, values.get(k), v) for k, v in changes.items()),
-                            direction=direction))
+        for fine in (False, True):
+            for value, direction in steps(dist, values[name], fine):
+                changes = {name: value}
+                changes.update(consequences(changes, values, seq_len))
+                try:
+                    new = set_constants(source, changes, profile)
+                except EditError:
+                    continue
+                if new in sources:
+                    continue
+                sources.add(new)
+                out.append(Move(f"tune {name}", {name: value, "from": values[name]}, new,
+                                descriptions.constants_text((k, values.get(k), v) for k, v in changes.items()),
+                                direction=direction, fine=fine))
     return tuple(out)
 
 
@@ -218,13 +210,18 @@ class Researcher(Proposer):
         every run in flight; in_flight: their descriptions (their arms are not moved again now)."""
         found, past = self.allowed(source, running, in_flight)
         decided = [e for e in past if e.outcome != "open" and e.arm]
+        champion = next((e.config for e in reversed(past) if e.outcome == "keep"), "")
 
-        def tried(m: Move) -> bool:
-            return any(e.arm == m.arm and _same_move(e.params, m.params) for e in decided)
+        def same(e: Experiment, m: Move) -> bool:
+            return e.arm == m.arm and _same_move(e.params, m.params)
 
-        # 1. back to the public record's choice where the champion strayed from it, each such move once
+        def tried_here(m: Move) -> bool:  # decided against the current champion
+            return any(same(e, m) and e.parent == champion for e in decided)
+
+        # 1. back to the public record's choice where the champion strayed from it: first, and once more after
+        #    the champion changed (a repair that failed next to another broken place may pay once it is fixed)
         for m in found:
-            if m.prior == PRIOR_TOWARDS and not tried(m):
+            if m.prior == PRIOR_TOWARDS and not tried_here(m) and sum(same(e, m) for e in decided) < RECORD_TRIES:
                 return m.source, m.description
         # 2. a constant whose step was just kept, stepped again the same way
         kept = [e for e in past if e.outcome == "keep" and e.arm]
@@ -233,22 +230,37 @@ class Researcher(Proposer):
             name = last.arm.split(" ", 1)[1]
             way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
             for m in found:
-                if m.arm == last.arm and m.direction == way:
+                if m.arm == last.arm and m.direction == way and not m.fine:
                     return m.source, m.description
         # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
+        failed_here = {}
+        for e in decided:
+            if e.parent == champion and e.outcome != "keep":
+                failed_here[e.arm] = failed_here.get(e.arm, 0) + 1
+        full_steps = {}
+        for m in moves(source, self.profile, self.seq_len):
+            full_steps[m.arm] = full_steps.get(m.arm, 0) + (not m.fine)
         arms: dict[str, list[Move]] = {}
-        for m in found:
-            arms.setdefault(m.arm, []).append(m)
+        for m in found:  # a half step once both full steps failed against this champion: a value between
+            if not m.fine or failed_here.get(m.arm, 0) >= full_steps.get(m.arm, 0):
+                arms.setdefault(m.arm, []).append(m)
         best, best_draw = None, -1.0
         for arm in sorted(arms):
             options = arms[arm]
-            move = self.rng.choice([m for m in options if not tried(m)] or options)
+            move = self.rng.choice([m for m in options if not tried_here(m)] or options)
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
-            same = [e for e in decided if e.arm == arm and (
-                move.prior != PRIOR_AWAY or ideas.IDEAS[arm].recommended != e.params)]
-            keeps = sum(e.outcome == "keep" for e in same)
-            fails = sum(e.outcome != "keep" for e in same)
+            keeps = fails = 0.0
+            for e in decided:
+                if e.arm != arm or (move.prior == PRIOR_AWAY and ideas.IDEAS[arm].recommended == e.params):
+                    continue
+                weight = 1.0 if e.parent == champion else OLD_FAILURE
+                if e.outcome == "keep":
+                    keeps += 1
+                elif e.outcome == "discard" and e.effect is not None and e.effect < 0:
+                    keeps, fails = keeps + 0.5, fails + 0.5 * weight  # better, but not surely
+                else:
+                    fails += weight
             draw = self.rng.betavariate(move.prior[0] + keeps, move.prior[1] + fails)
             if draw > best_draw:
                 best, best_draw = move, draw

@@ -50,6 +50,40 @@ def in_space(dist, value) -> bool:
     return not (isinstance(dist, IntDistribution) and value != int(value))
 
 
+def steps(dist, value, fine: bool = False) -> list[tuple[object, str]]:
+    """The values a constant may step to from `value`, each with its direction: halved and doubled on a log
+    scale, a quarter of the range on a linear one, the next integer or the neighbouring choice (fine: half those
+    steps, a factor of sqrt(2) or an eighth of the range; none for integers and choices). From a number outside
+    the range (an agent may have written anything there: a learning rate of 0), back to the range's nearest end
+    and to its middle."""
+    if isinstance(dist, CategoricalDistribution):
+        if fine:
+            return []
+        choices = list(dist.choices)
+        if value not in choices:
+            return [(c, "") for c in choices]
+        i = choices.index(value)
+        return [(choices[j], "down" if j < i else "up") for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        return []
+    if not in_space(dist, value):
+        if fine or dist.low <= value <= dist.high:
+            return []  # a non-integer inside an integer range: nothing sensible to step from
+        middle = (dist.low * dist.high) ** 0.5 if dist.log else (dist.low + dist.high) / 2
+        middle = round(middle) if isinstance(dist, IntDistribution) else rounded(middle)
+        nearest = dist.low if value < dist.low else dist.high
+        out = [(nearest, ""), (middle, "")]
+        return [(v, "up" if v > value else "down") for v, _ in dict.fromkeys(out, None) if in_space(dist, v)]
+    if isinstance(dist, IntDistribution):
+        out = [] if fine else [(value - 1, "down"), (value + 1, "up")]
+    elif dist.log:
+        factor = 2 ** 0.5 if fine else 2
+        out = [(rounded(value / factor), "down"), (rounded(value * factor), "up")]
+    else:
+        step = (dist.high - dist.low) / (8 if fine else 4)
+        out = [(rounded(max(dist.low, value - step)), "down"), (rounded(min(dist.high, value + step)), "up")]
+    return [(v, d) for v, d in out if in_space(dist, v) and v != value]
+
 
 def consequences(changes: dict, current: dict, seq_len: int) -> dict:
     """Other constants that must follow `changes`, so that train.py's own checks hold: HEAD_DIM divides

@@ -35,12 +35,13 @@ from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.worker import workers_dir  # noqa: E402
 
 
-def fresh_repo(where: Path, train_source: str | None = None) -> Path:
-    """A new git repository holding this checkout's fixed files and train.py (or `train_source`)."""
+def fresh_repo(where: Path, train_source: str | None = None, fixed_from: Path = ROOT) -> Path:
+    """A new git repository holding this checkout's fixed files (or those of the tree `fixed_from`) and train.py
+    (or `train_source`)."""
     repo = where / "repo"
     repo.mkdir(parents=True)
     for name in ("train.py", *FIXED, ".gitignore", "program.md"):
-        shutil.copy(ROOT / name, repo / name)
+        shutil.copy((fixed_from if name != "train.py" else ROOT) / name, repo / name)
     if train_source is not None:
         (repo / "train.py").write_text(train_source)
     for args in (["init", "-q", "-b", "main"], ["add", "-A"],

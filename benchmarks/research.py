@@ -5,6 +5,10 @@ same minutes of the machine (BENCHMARKS.md: The built-in researcher):
 - random: moves drawn uniformly from the same space (proposer.RandomSearch);
 - tpe: the constants-only TPE proposer that came before (tpe.py).
 
+An arm may name a git revision of the harness, `ARM@REV` (e.g. `builtin@0dccac2`: the researcher as it was
+there), to measure a change of a proposer before and after in one sitting: that lane runs REV's harness (its
+tree exported once into --work) and REV's fixed files, from the same start.
+
 Two measurements (--modes), each arm of each a *lane*: a repository and tag of its own, running the real
 `autoresearch loop` (default decision rule):
 
@@ -35,6 +39,7 @@ JSON line in work/measurements.jsonl once done. A loop killed mid-run is recover
     python benchmarks/research.py                                   # the default: under 2 hours on 2 cores
     python benchmarks/research.py --budget 30 --experiments 12 --modes recovery
     python benchmarks/research.py --budget 5 --experiments 1 --arms builtin --seeds 1   # a smoke test
+    python benchmarks/research.py --arms builtin builtin@0dccac2 random    # a researcher's change, before and after
 
 torch.compile is off (USE_COMPILE = False in every lane's train.py, --compile keeps it): at budgets of 15-60 s a
 compile phase per new configuration (about a minute for a change of shape on 2 cores) would be most of the wall
@@ -47,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -114,12 +120,29 @@ def measure(source: str, budget: float, seed: int, work: Path) -> float:
     return json.loads(result.read_text())["val_bpb"]
 
 
+def harness_tree(work: Path, rev: str) -> Path:
+    """This repository's tree at `rev`, exported once into work/harness-<rev> (a bad revision: a clear error)."""
+    tree = work / f"harness-{rev}"
+    if not tree.exists():
+        partial = work / f"harness-{rev}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], capture_output=True)
+        if archive.returncode:
+            raise SystemExit(f"arm @{rev}: not a revision of {ROOT} ({archive.stderr.decode().strip()})")
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
+        os.replace(partial, tree)
+    return tree
+
+
 class Lane:
     """One arm in one mode: its repository (made on first use) and tag under work/<mode>-<arm>."""
 
     def __init__(self, work: Path, mode: str, arm: str, start: str):
         self.mode, self.arm, self.start = mode, arm, start
-        self.name = f"{mode}-{arm}"
+        self.agent, _, self.rev = arm.partition("@")
+        self.harness = harness_tree(work, self.rev) if self.rev else ROOT
+        self.name = f"{mode}-{arm.replace('@', '-')}"
         self.dir = work / self.name
         self.tag = f"research-{self.name}"
         self.repo = self.dir / "repo"
@@ -141,9 +164,9 @@ class Lane:
         """One more experiment (the first call: the baseline) through the real loop."""
         if not self.repo.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            fresh_repo(self.dir, self.start)
-        env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), PYTHONPATH=str(ROOT))
-        argv = [sys.executable, "-m", "autoresearch.cli", "loop", "--agent", self.arm, "--tag", self.tag,
+            fresh_repo(self.dir, self.start, fixed_from=self.harness)
+        env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), PYTHONPATH=str(self.harness))
+        argv = [sys.executable, "-m", "autoresearch.cli", "loop", "--agent", self.agent, "--tag", self.tag,
                 "--max-experiments", "1"]
         t0 = time.time()
         with open(self.dir / "loop.log", "a") as f:

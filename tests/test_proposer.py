@@ -180,3 +180,68 @@ def test_the_agent_s_prompt_and_autoresearch_ideas_show_what_was_tried_and_what_
     bad = cli(repo, "ideas", "--apply", "qk_norm", "norm=maybe", env=env)
     assert bad.returncode == 2 and "not one of its variants" in bad.stderr
     assert cli(repo, "ideas", "--apply", "warp_drive", env=env).returncode == 2
+
+
+def test_a_constant_steps_back_into_its_range_and_half_steps_lie_between():
+    """Halving and doubling never leave 0, where an agent may have set a learning rate: from outside its range
+    a constant steps to the nearest end and the middle. Half steps: sqrt(2) on a log scale, an eighth of a
+    linear range; none for integers and choices."""
+    from autoresearch.space import SPACES, steps
+    space = SPACES["cpu"]
+    assert steps(space["UNEMBEDDING_LR"], 0.0) == [(0.0005, "up"), (0.005, "up")]
+    assert steps(space["MATRIX_LR"], 5.0) == [(0.2, "down"), (0.0316, "down")]
+    assert steps(space["MATRIX_LR"], 0.04) == [(0.02, "down"), (0.08, "up")]
+    assert steps(space["MATRIX_LR"], 0.04, fine=True) == [(0.0283, "down"), (0.0566, "up")]
+    assert steps(space["WEIGHT_DECAY"], 0.0, fine=True) == [(0.05, "up")]
+    assert steps(space["DEPTH"], 4, fine=True) == [] and steps(space["MODEL_DIM"], 128, fine=True) == []
+    assert steps(space["DEPTH"], 40) == [(8, "down"), (5, "down")] and steps(space["DEPTH"], 3.5) == []
+    assert steps(space["MATRIX_LR"], "fast") == [] and steps(space["MATRIX_LR"], float("nan")) == []
+
+
+def only(arm: str, source: str) -> list[str]:
+    """Descriptions that keep every other arm busy (as if parallel workers ran them): only `arm` may move."""
+    return [next(m for m in proposer.moves(source, "cpu", SEQ) if m.arm == other).description
+            for other in {m.arm for m in proposer.moves(source, "cpu", SEQ)} - {arm}]
+
+
+@pytest.mark.slow
+def test_a_value_between_once_both_steps_failed_and_a_constant_at_zero_comes_back(repo, tag):
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    champion = sh(repo, "git", "rev-parse", "HEAD")
+    busy = only("tune MATRIX_LR", source)
+    first = {researcher(repo, seed).propose_source(source, in_flight=busy)[1] for seed in range(6)}
+    assert first == {"MATRIX_LR 0.04 -> 0.02", "MATRIX_LR 0.04 -> 0.08"}
+    for value in (0.02, 0.08):
+        run_as(repo, tag, set_constants(source, {"MATRIX_LR": value}, "cpu"), f"MATRIX_LR 0.04 -> {value}",
+               "discard", 2.1, back_to=champion)
+    between = {researcher(repo, seed).propose_source(source, in_flight=busy)[1] for seed in range(6)}
+    assert between == {"MATRIX_LR 0.04 -> 0.0283", "MATRIX_LR 0.04 -> 0.0566"}
+    # an agent's 0: back into the range
+    zero = set_constants(source, {"UNEMBEDDING_LR": 0.0}, "cpu")
+    run_as(repo, tag, zero, "UNEMBEDDING_LR 0.004 -> 0.0", "keep", 1.9, n=2)
+    back = {researcher(repo, seed).propose_source(zero, in_flight=only("tune UNEMBEDDING_LR", zero))[1]
+            for seed in range(6)}
+    assert back == {"UNEMBEDDING_LR 0.0 -> 0.0005", "UNEMBEDDING_LR 0.0 -> 0.005"}
+
+
+@pytest.mark.slow
+def test_a_repair_that_failed_is_tried_again_once_after_the_champion_changed(repo, tag):
+    """Issue 33: ReLU squared, discarded while another planted break was still there, was never tried again."""
+    source = (repo / "train.py").read_text()
+    broken = source.replace("F.relu(self.c_fc(x)).square()", "F.gelu(self.c_fc(x))")
+    run_as(repo, tag, broken, "baseline", "keep", 2.0, n=3)
+    repair = "idea activation: act='relu2'"
+    proposals = []
+    for lr in (0.05, 0.06, 0.07):
+        new, description = researcher(repo).propose_source((repo / "train.py").read_text())
+        proposals.append(description)
+        if description == repair:
+            run_as(repo, tag, new, description, "discard", 2.1)
+            new, description = researcher(repo).propose_source((repo / "train.py").read_text())
+            proposals.append(description)
+            assert description != repair  # not twice against the same champion
+        current = (repo / "train.py").read_text()  # a keep: the champion changes
+        run_as(repo, tag, set_constants(current, {"MATRIX_LR": lr}, "cpu"), f"MATRIX_LR 0.04 -> {lr}", "keep",
+               1.9 - lr, n=2)
+    assert proposals.count(repair) == proposer.RECORD_TRIES, proposals  # first, then once after a keep
