@@ -4,7 +4,7 @@ halved or doubled (a step of a quarter of its range where it is not a scale, the
 categorical). Which move, a Thompson-sampling bandit decides:
 
 1. where the champion strayed from the public record's choice (ideas.Idea.recommended: a removed QK-norm, a
-   worse activation), the move back comes first, each such move once;
+   worse activation), the move back comes first, and once more after the champion changed;
 2. a constant whose step was just kept is stepped again the same way (coordinate descent);
 3. otherwise each *arm* (an idea, or "tune NAME" for a constant) has a Beta belief in "this move gets kept":
    its prior (1:4 for a move away from the record's choice, 1:2 for any other) plus, per decided experiment of
@@ -16,8 +16,8 @@ A move that failed is worth another look once the champion has changed (issue 33
 the head's init was still broken, was never tried again after the init was repaired): the record's choices of
 step 1 are tried again once after a keep, and "tried" in step 3 means tried against this champion. A constant
 outside its range (an agent's 0 for a learning rate, which halving and doubling never leave) steps back to the
-range's nearest end or its middle; once both steps of a constant have failed against the champion, the steps of
-half the size (a value between) are offered.
+range's nearest end or its middle; once no full step of a constant is left to try from the champion and one
+failed against it, the steps of half the size (a value between) are offered.
 Never to a train.py the tag already ran, never to a variant that crashed, never on an arm that a parallel worker
 is running now (so side-by-side proposals differ).
 
@@ -37,7 +37,7 @@ from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, steps
 
-PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, once; then by its record)
+PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, RECORD_TRIES; then by its record)
 PRIOR_AWAY = (1, 4)       # away from it
 PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
 RECORD_TRIES = 2          # a move back to the record's choice: tried first, and once more after a keep
@@ -187,6 +187,8 @@ class Proposer:
         rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
         past = history(rows)
+        kept = decide.champion(rows)
+        self.champion = kept.key if kept else ""  # what the branch holds (a parallel keep may end out of order)
         # every train.py the tag ran, a refused one included (a lasting refusal must not be proposed again)
         tried = {r.config for r in rows if r.config} | {e.config for e in past} | {git.blob_of(s) for s in running}
         crashed = [(e.arm, e.params) for e in past if e.outcome == "crash" and e.arm]
@@ -210,7 +212,7 @@ class Researcher(Proposer):
         every run in flight; in_flight: their descriptions (their arms are not moved again now)."""
         found, past = self.allowed(source, running, in_flight)
         decided = [e for e in past if e.outcome != "open" and e.arm]
-        champion = next((e.config for e in reversed(past) if e.outcome == "keep"), "")
+        champion = self.champion
 
         def same(e: Experiment, m: Move) -> bool:
             return e.arm == m.arm and _same_move(e.params, m.params)
@@ -233,17 +235,16 @@ class Researcher(Proposer):
                 if m.arm == last.arm and m.direction == way and not m.fine:
                     return m.source, m.description
         # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
-        failed_here = {}
-        for e in decided:
-            if e.parent == champion and e.outcome != "keep":
-                failed_here[e.arm] = failed_here.get(e.arm, 0) + 1
-        full_steps = {}
-        for m in moves(source, self.profile, self.seq_len):
-            full_steps[m.arm] = full_steps.get(m.arm, 0) + (not m.fine)
+        # a half step (a value between) once no full step of its constant is left to try from this champion
+        # (run, or rebuilding the champion before it) and one failed against it
+        full_left = {m.arm for m in found if not m.fine}
+        failed_here = {e.arm for e in decided if e.parent == champion and e.outcome != "keep"}
         arms: dict[str, list[Move]] = {}
-        for m in found:  # a half step once both full steps failed against this champion: a value between
-            if not m.fine or failed_here.get(m.arm, 0) >= full_steps.get(m.arm, 0):
+        for m in found:
+            if not m.fine or (m.arm not in full_left and m.arm in failed_here):
                 arms.setdefault(m.arm, []).append(m)
+        if not arms:
+            raise RuntimeError("the built-in proposer has no untried move left from this train.py")
         best, best_draw = None, -1.0
         for arm in sorted(arms):
             options = arms[arm]
@@ -280,6 +281,7 @@ class RandomSearch(Proposer):
 
     def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
         found, _ = self.allowed(source, running, in_flight)
+        found = [m for m in found if not m.fine] or found  # the reference's space as before the half steps
         arm = self.rng.choice(sorted({m.arm for m in found}))
         move = self.rng.choice([m for m in found if m.arm == arm])
         return move.source, move.description

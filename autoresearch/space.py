@@ -75,7 +75,7 @@ def steps(dist, value, fine: bool = False) -> list[tuple[object, str]]:
         out = [(nearest, ""), (middle, "")]
         return [(v, "up" if v > value else "down") for v, _ in dict.fromkeys(out, None) if in_space(dist, v)]
     if isinstance(dist, IntDistribution):
-        out = [] if fine else [(value - 1, "down"), (value + 1, "up")]
+        out = [] if fine else [(int(value) - 1, "down"), (int(value) + 1, "up")]  # DEPTH = 4.0: integers
     elif dist.log:
         factor = 2 ** 0.5 if fine else 2
         out = [(rounded(value / factor), "down"), (rounded(value * factor), "up")]

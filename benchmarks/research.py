@@ -120,16 +120,24 @@ def measure(source: str, budget: float, seed: int, work: Path) -> float:
     return json.loads(result.read_text())["val_bpb"]
 
 
-def harness_tree(work: Path, rev: str) -> Path:
-    """This repository's tree at `rev`, exported once into work/harness-<rev> (a bad revision: a clear error)."""
-    tree = work / f"harness-{rev}"
+def commit_of(rev: str) -> str:
+    """The short commit `rev` names in this repository (a bad revision: a clear error)."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--end-of-options",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"arm @{rev}: not a revision of {ROOT} ({found.stderr.strip()})")
+    return found.stdout.strip()
+
+
+def harness_tree(work: Path, commit: str) -> Path:
+    """This repository's tree at `commit`, exported once into work/harness-<commit>."""
+    tree = work / f"harness-{commit}"
     if not tree.exists():
-        partial = work / f"harness-{rev}.partial"
+        partial = work / f"harness-{commit}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], capture_output=True)
-        if archive.returncode:
-            raise SystemExit(f"arm @{rev}: not a revision of {ROOT} ({archive.stderr.decode().strip()})")
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit], capture_output=True,
+                                 check=True)
         subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
         os.replace(partial, tree)
     return tree
@@ -140,9 +148,10 @@ class Lane:
 
     def __init__(self, work: Path, mode: str, arm: str, start: str):
         self.mode, self.arm, self.start = mode, arm, start
-        self.agent, _, self.rev = arm.partition("@")
+        self.agent, _, rev = arm.partition("@")
+        self.rev = commit_of(rev) if rev else ""  # keyed by its commit: `@main` resumes as what it was
         self.harness = harness_tree(work, self.rev) if self.rev else ROOT
-        self.name = f"{mode}-{arm.replace('@', '-')}"
+        self.name = f"{mode}-{self.agent}" + (f"-{self.rev}" if self.rev else "")
         self.dir = work / self.name
         self.tag = f"research-{self.name}"
         self.repo = self.dir / "repo"
@@ -183,7 +192,7 @@ class Lane:
         done = [r for r in self.rows() if r.status != "refused" and not decide.is_interruption(r)]
         kept = [descriptions.base_description(r.description) for r in done
                 if r.status == "keep" and not r.decision.startswith("baseline")]
-        return {"mode": self.mode, "arm": self.arm, "experiments": self.experiments(), "runs": len(done),
+        return {"mode": self.mode, "arm": self.arm, "harness": self.rev or "this checkout", "experiments": self.experiments(), "runs": len(done),
                 "crashes": sum(r.status == "crash" for r in done), "pruned": sum(r.status == "pruned" for r in done),
                 "kept": sorted(set(kept)), "loop_minutes_this_sitting": round(self.seconds / 60, 1)}
 

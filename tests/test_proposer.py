@@ -217,6 +217,14 @@ def test_a_value_between_once_both_steps_failed_and_a_constant_at_zero_comes_bac
                "discard", 2.1, back_to=champion)
     between = {researcher(repo, seed).propose_source(source, in_flight=busy)[1] for seed in range(6)}
     assert between == {"MATRIX_LR 0.04 -> 0.0283", "MATRIX_LR 0.04 -> 0.0566"}
+    # after a kept step the way back rebuilds the champion before: never run, it opens the half steps too
+    halved = set_constants(source, {"UNEMBEDDING_LR": 0.002}, "cpu")
+    run_as(repo, tag, halved, "UNEMBEDDING_LR 0.004 -> 0.002", "keep", 1.95, n=2)
+    run_as(repo, tag, set_constants(source, {"UNEMBEDDING_LR": 0.001}, "cpu"), "UNEMBEDDING_LR 0.002 -> 0.001",
+           "discard", 2.0)
+    busy = only("tune UNEMBEDDING_LR", halved)
+    between = {researcher(repo, seed).propose_source(halved, in_flight=busy)[1] for seed in range(6)}
+    assert between == {"UNEMBEDDING_LR 0.002 -> 0.00141", "UNEMBEDDING_LR 0.002 -> 0.00283"}
     # an agent's 0: back into the range
     zero = set_constants(source, {"UNEMBEDDING_LR": 0.0}, "cpu")
     run_as(repo, tag, zero, "UNEMBEDDING_LR 0.004 -> 0.0", "keep", 1.9, n=2)

@@ -19,10 +19,12 @@ def test_an_arm_at_a_revision_runs_that_revision_s_harness_and_fixed_files(tmp_p
     committed = sh(ROOT, "git", "show", f"{head}:autoresearch/proposer.py")
     assert (lane.harness / "autoresearch" / "proposer.py").read_text().rstrip("\n") == committed.rstrip("\n")
     assert research.harness_tree(tmp_path, head) == lane.harness  # exported once, then reused
+    assert research.Lane(tmp_path, "night", "builtin@HEAD", "").name == f"night-builtin-{head}"  # by its commit
     repo = research.fresh_repo(lane.dir, lane.start, fixed_from=lane.harness)
     assert (repo / "runtime.py").read_text() == (lane.harness / "runtime.py").read_text()
     assert (repo / "train.py").read_text() == "print('a train.py')\n"
     plain = research.Lane(tmp_path, "night", "random", "")
     assert plain.agent == "random" and plain.harness == ROOT and plain.name == "night-random"
-    with pytest.raises(SystemExit, match="arm @no-such-rev: not a revision"):
-        research.Lane(tmp_path, "night", "builtin@no-such-rev", "")
+    for bad in ("no-such-rev", "--output=/tmp/x"):
+        with pytest.raises(SystemExit, match=f"arm @{bad}: not a revision"):
+            research.Lane(tmp_path, "night", f"builtin@{bad}", "")
