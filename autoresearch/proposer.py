@@ -115,7 +115,7 @@ class Move:
     description: str
     prior: tuple[int, int] = PRIOR_NEUTRAL
     direction: str = ""  # a constant's: up or down
-    fine: bool = False   # a constant's half step (offered once both full steps failed against the champion)
+    fine: bool = False   # a constant's half step (offered once no full step is left and one failed: Researcher)
 
 
 @functools.lru_cache(maxsize=8)
