@@ -8,10 +8,20 @@ decides with in_time). docs/decisions.md has the rule and BENCHMARKS.md its erro
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from statistics import fmean
 
-from autoresearch import decide, descriptions
+from autoresearch import decide, descriptions, machine_load
+
+# A pair of `autoresearch run`s whose others' load differs by more than this share of the load guard's default
+# limit (half a core on 2 cores, a tenth of the machine) ends its candidate's series. On the wall clock a process
+# beside a run takes its steps, so load beside a control alone makes the candidate look better. An agent started
+# with `autoresearch agent` cannot do that (it is paused while anything trains: pause.py); this catches an agent
+# run without it, the gross cases only: a red team found that a hog under the margin still tilts pairs
+# (BENCHMARKS.md, Decisions on a drifting machine). Not read in the parallel loop, where a sibling worker's
+# training is others' load.
+LOAD_APART_SHARE = 0.5
 
 
 def base_row(rows):
@@ -24,6 +34,30 @@ def controlled_seeds(rows, candidate: str, base: str) -> set[int]:
     """The seeds on which the base has a finished control beside `candidate`."""
     return {r.seed for r in rows if r.status == "control" and r.val_bpb > 0 and r.key == base
             and descriptions.control_of(r.description) == candidate}
+
+
+def tilted(rows, candidate: str, base: str, current: tuple[int, float | None] | None = None,
+           apart: float | None = None) -> str | None:
+    """Why the candidate's pairs are no evidence, or None: a pair on the wall clock whose control and candidate's
+    run had others' load (the ledger's `load`, cores) more than `apart` cores apart. Either way it ends the series:
+    load beside the control makes a no-op look better, and load beside the candidate's own run would handicap it,
+    to be won back later by a copy of it run without the load. Ending it (never redrawing the pair) leaves an
+    agent nothing to gain by loading the machine, whatever it knows of the runs so far. current: the candidate's
+    run not yet in rows, (seed, load)."""
+    if apart is None:  # the default limit, not AUTORESEARCH_LOAD_LIMIT: raising that must not switch this off
+        apart = max(machine_load.LOAD_MIN, machine_load.LOAD_SHARE * (os.cpu_count() or 1)) * LOAD_APART_SHARE
+    loads = {r.seed: r.load for r in decide.finished(rows) if r.key == candidate and not r.worker}
+    if current is not None:
+        loads.setdefault(*current)
+    for r in rows:
+        if (r.status != "control" or r.key != base or descriptions.control_of(r.description) != candidate
+                or r.clock == "cpu" or r.worker or r.load is None or loads.get(r.seed) is None):
+            continue
+        if abs(r.load - loads[r.seed]) > apart:
+            return (f"load-tilted pair on seed {r.seed}: others kept {r.load:.2f} cores busy beside the control and "
+                    f"{loads[r.seed]:.2f} beside the candidate's run, more than {apart:g} apart; the series ends "
+                    "(a pair that others' load can tilt is no evidence)")
+    return None
 
 
 def control_diffs(rows, base: str, extra: tuple[str, int, float] | None = None) -> dict[str, list[float]]:

@@ -264,8 +264,8 @@ def series_of(rows, config: str, baseline_runs: int = BASELINE_RUNS) -> Series |
     """The series of one configuration, if it is unfinished: the baseline with fewer than baseline_runs runs,
     or a candidate whose last run said `confirm` (its controls after it keep it open). Interrupted runs (a
     killed harness or worker) and runs refused before they trained leave a series open; a crash of the
-    configuration itself, or of a control beside it, closes it, and so does a candidate's run refused after it
-    trained (REFUSED_CLOSES: train.py broke a rule, and a redraw on demand is no sample)."""
+    configuration itself, or of a control beside it, closes it, and so does a candidate's run or a control refused
+    after it trained (REFUSED_CLOSES: a rule was broken, and a redraw on demand is no sample)."""
     decided = [r for r in rows if series_key(r) == config and (r.status != "refused" or r.decision == REFUSED_CLOSES)
                and not is_interruption(r)]
     if not decided:

@@ -77,9 +77,10 @@ def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "
 
 
 def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: tuple[str, int, float],
-          best_before: float | None) -> tuple[str, dict]:
+          best_before: float | None, load: float | None = None) -> tuple[str, dict]:
     """The status of a finished run, run = (its configuration, seed, val_bpb), and the statistics its row carries
-    (decide.py). best_before: the best single run's val_bpb before it (the naive rule's bar)."""
+    (decide.py). best_before: the best single run's val_bpb before it (the naive rule's bar); load: the cores
+    others kept busy during its training (the control rule's pairs need it)."""
     config_id, seed, val_bpb = run
     champ_row = decide.champion(rows)
     values = decide.samples(rows)
@@ -98,6 +99,9 @@ def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: 
     comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
     if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside the base's controls
         base = control.base_row(rows).key
+        tilted = control.tilted(rows, config_id, base, (seed, load))
+        if tilted:
+            return "discard", dict(stats, decision=tilted)
         beside = control.in_time(control.control_diffs(rows, base, run), config_id, noise,
                                 None if champ_row.key == base else champ_row.key)
         if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
@@ -125,8 +129,10 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
                   outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
     if ex.status == "refused":  # after it trained: train.py broke a rule. Its series ends there, and it may not run
         # again as a new experiment (run.rerun_problem): a run refused on demand, after train.py saw how its
-        # training went, would otherwise be redrawn on its seed. Refused before it trained: no result; it may run.
-        trained = bool(ex.training.wall) and not descriptions.control_of(ran.description)
+        # training went, would otherwise be redrawn on its seed. A control refused after it trained ends its
+        # candidate's series too: redrawn, its seed would be drawn again until the pair suits the candidate.
+        # Refused before it trained: no result; it may run.
+        trained = bool(ex.training.wall)
         return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
                        decision=decide.REFUSED_CLOSES if trained else "", **common)
     if ex.status == "pruned":
@@ -141,7 +147,7 @@ def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule:
         status, stats = "control", control_stats(rows, ran.config, ran.seed)
     else:
         status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb),
-                              best_row.val_bpb if best_row else None)
+                              best_row.val_bpb if best_row else None, ex.training.load)
     test_bpb = ex.evaluation.get("test_bpb")
     flags = [decide.identical_flag(rows, ran.config, val_bpb, ran.seed)]
     if status == "keep":

@@ -17,10 +17,10 @@ from autoresearch import descriptions, execute, ledger, loop, record, schedule, 
 from autoresearch.ledger import Row
 
 
-def row(status, config, description, decision="", val=0.0, commit="c0ffee0", seed=0):
+def row(status, config, description, decision="", val=0.0, commit="c0ffee0", seed=0, load=None):
     return Row(commit=commit, val_bpb=val, memory_gb=0.0, status=status, description=description, tag="t",
                run_id=f"r{description}", time="", budget_s=2, steps=0, wall_s=0.0, fingerprint="f", seed=seed,
-               config=config, decision=decision)
+               config=config, decision=decision, load=load)
 
 
 BASE = [row("keep", "base", "baseline", "baseline 1/3", 1.0)]
@@ -113,22 +113,23 @@ def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_
 SEEDED_BASE = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BASE)]  # mean 1.0, noise 0.01
 
 
-def controlled(rule: str, candidate, base, rows=None, config: str = "cand") -> list[Row]:
+def controlled(rule: str, candidate, base, rows=None, config: str = "cand", load=lambda kind: 0.0) -> list[Row]:
     """A candidate's whole series after `rows` (SEEDED_BASE by default), as both loops run it: what
     schedule.next_run asks for, judged by record.judge, one row after another. candidate(seed) and base(seed): the
-    val_bpb a run of the candidate and a control run of the tag's base make now. Its rows."""
+    val_bpb a run of the candidate and a control run of the tag's base make now; load(kind): the cores others keep
+    busy beside a "control" or a "run" of the candidate. Its rows."""
     rows = list(SEEDED_BASE if rows is None else rows)
     start = len(rows)
     step = schedule.Next("propose")
     while True:
         if step.kind == "control":
             rows.append(row("control", "base", step.description, f"control on seed {step.seed}", base(step.seed),
-                            commit=step.commit, seed=step.seed))
+                            commit=step.commit, seed=step.seed, load=load("control")))
         elif step.kind in ("propose", "series"):
             seed = schedule.seed(rows, config, [], rule)
-            status, stats = record.judge(rows, rule, step.series, (config, seed, candidate(seed)), None)
+            status, stats = record.judge(rows, rule, step.series, (config, seed, candidate(seed)), None, load("run"))
             rows.append(row(status, config, step.description or f"try {config}", stats["decision"],
-                            candidate(seed), commit=f"{config}0000"[:7], seed=seed))
+                            candidate(seed), commit=f"{config}0000"[:7], seed=seed, load=load("run")))
         else:
             return rows[start:]
         step = schedule.next_run(rows, [], rule, False, "base")
@@ -201,6 +202,61 @@ def test_no_agents_code_runs_as_a_control_so_a_champion_cannot_do_worse_when_it_
     # a real gain over the champion is still seen: b's effect over the base beside a's
     c = controlled("control", lambda seed: 0.90, lambda seed: 1.0, rows=SEEDED_BASE + a, config="c")
     assert c[-1].status == "keep", [(r.status, r.decision) for r in c]
+
+
+def test_load_put_beside_a_control_ends_the_series_so_an_agent_gains_nothing_by_it(monkeypatch):
+    """Red team: a live agent keeps a process busy while the harness trains a control (it may: the agent runs
+    beside the harness). On the wall clock the control trains fewer steps and does worse, so a change that does
+    nothing looks better beside it. Every row records `load`, the cores others kept busy; a pair whose two runs'
+    loads differ by more than half the load guard's limit ends its candidate's series, whichever run had it."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # pairs may differ by 0.25 cores, whatever the guard's limit
+    same = lambda seed: 1.0 + 0.001 * (seed % 2)  # noqa: E731 - a no-op: the base's val_bpb on every seed
+    loaded = lambda seed: same(seed) + 0.05       # noqa: E731 - the base trained beside the agent's busy process
+    won = controlled("control", same, loaded, load=lambda kind: 0.0)  # a load nothing measured: the attack wins
+    assert won[-1].status == "keep", [(r.status, r.decision) for r in won]
+    lost = controlled("control", same, loaded, load=lambda kind: 0.9 if kind == "control" else 0.02)
+    assert lost[-1].status == "discard" and lost[-1].decision.startswith("load-tilted pair on seed 42"), \
+        [(r.status, r.decision) for r in lost]
+    assert sum(r.status == "control" for r in lost) == 2  # ended at the first verdict the pairs would give
+    # load beside the candidate's own run ends it too (a handicapped champion is a later copy's free gain)
+    handicapped = controlled("control", lambda seed: 0.95, lambda seed: 1.0,
+                             load=lambda kind: 0.9 if kind == "run" else 0.0)
+    assert handicapped[-1].decision.startswith("load-tilted"), [(r.status, r.decision) for r in handicapped]
+    # load alike on both runs of each pair (a busy neighbour all night) tilts nothing: a real gain is kept
+    steady = controlled("control", lambda seed: 0.95, lambda seed: 1.0, load=lambda kind: 0.9)
+    assert steady[-1].status == "keep", [(r.status, r.decision) for r in steady]
+    # on the cpu clock others' load costs a run no steps: it is not read
+    rows = SEEDED_BASE + [row("confirm", "cand", "x", "", 0.99, seed=42, load=0.0),
+                          dataclasses.replace(row("control", "base", descriptions.control("cand", "x"), "", 1.0,
+                                                  seed=42, load=0.9), clock="cpu")]
+    from autoresearch import control
+    assert control.tilted(rows, "cand", "base", (43, 0.0)) is None
+    assert control.tilted(rows[:-1] + [dataclasses.replace(rows[-1], clock="wall")], "cand", "base") is not None
+    # in the parallel loop a sibling worker's training is others' load: its rows (a worker's) are not read
+    assert control.tilted([dataclasses.replace(r, clock="wall", worker="w1") for r in rows], "cand", "base") is None
+
+
+def test_a_control_refused_after_it_trained_ends_its_candidates_series():
+    """Red team: a control refused after it trained (a file the agent wrote into the work tree while it ran) was
+    redrawn on its seed, so the pair could be drawn again until it suited the candidate (simulated: a no-op kept
+    15%, 49% with the candidate's own refusals). Its row says REFUSED_CLOSES and the series ends, as a
+    candidate's own refusal after training does."""
+    from types import SimpleNamespace
+
+    from autoresearch import decide
+    opened = SEEDED_BASE + [row("confirm", "cand", "try cand", "P 0.7 after one run", 0.98, seed=42)]
+    step = schedule.next_run(opened, [], "control", False, "base")
+    ran = record.Ran(step.commit, step.description, "r1", seed=step.seed, config="base")
+    ex = SimpleNamespace(status="refused", reason="files other than train.py changed (notes.txt)",
+                         training=SimpleNamespace(wall=10.0, load=0.0, done_after=None))
+    tag = SimpleNamespace(tag="t", fingerprint="f" * 12, budget_s=2, clock="wall")
+    refused = record.result_row(tag, ex, opened, "control", step.series, ran)
+    assert (refused.status, refused.decision) == ("refused", decide.REFUSED_CLOSES)
+    assert decide.latest_unfinished(opened + [refused]) is None
+    # refused before it trained (no training wall time): no result, the control runs again
+    early = record.result_row(tag, SimpleNamespace(status="refused", reason="x", training=SimpleNamespace(
+        wall=0.0, load=None, done_after=None)), opened, "control", step.series, ran)
+    assert decide.latest_unfinished(opened + [early]).config == "cand"
 
 
 def test_a_series_keeps_its_seeds_whatever_seed_a_later_command_gives():
