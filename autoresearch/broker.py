@@ -7,7 +7,9 @@ directory bound into it (confine.BROKER_DIR). Inside, `autoresearch run/wait/sta
 and sends its arguments there (forward); outside, the broker checks them against BROKERED and runs the command as
 the user's own harness process in the repository, under the harness's training sandbox, and streams its output
 back. What the agent controls is train.py's text and the arguments of those commands, nothing the harness
-executes: no `--sandbox off`, no tag without bubblewrap, no path the harness would write.
+executes: no `--sandbox off`, no tag without bubblewrap, no path the harness would write. While any command
+trains in the repository, the agent's whole sandbox is paused (pause.py), so nothing it runs shares the machine
+with a run it is judged by.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import io
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -25,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, sandbox
+from autoresearch import confine, errors, pause, sandbox
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -110,6 +113,7 @@ class Broker:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.dir / "socket" / SOCKET_NAME))
         self.sock.listen(8)
+        self.ready = threading.Event()  # set once the agent's sandbox is registered (start)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -143,9 +147,15 @@ class Broker:
             # too wide) would run code here, outside its sandbox
             env = {k: v for k, v in os.environ.items() if k != BROKER_ENV} | {
                 "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PYTHONNOUSERSITE": "1"}
+            self.ready.wait()  # the agent's sandbox is registered, so a run pauses it (pause.py)
             proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=self.repo, env=env,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+            # read apart from the sending: the agent is paused while a run trains and reads nothing, and a full
+            # socket must not stop the run at its next line of output
+            chunks: queue.Queue = queue.Queue()
+            threading.Thread(target=lambda: [chunks.put(c) for c in iter(lambda: proc.stdout.read1(4096), b"")]
+                             + [chunks.put(None)], daemon=True).start()
+            for chunk in iter(chunks.get, None):
                 send({"out": chunk.decode(errors="replace")})
             send({"rc": proc.wait()})
 
@@ -207,6 +217,18 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
               f"its credentials, a private scratch for its session (~/.claude/projects, ...)"
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
               f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
-        return subprocess.call(argv)
+        sandbox_proc = subprocess.Popen(argv)
+        try:
+            entry = pause.register(repo, sandbox_proc.pid)
+        except pause.PauseError as e:
+            sandbox_proc.kill()
+            raise errors.HarnessError(f"the agent's sandbox could not be registered to be paused during runs: {e}")
+        watchdog = pause.Watchdog(repo, entry)
+        broker.ready.set()
+        try:
+            return sandbox_proc.wait()
+        finally:
+            watchdog.close()
+            entry.unlink(missing_ok=True)
     finally:
         broker.close()

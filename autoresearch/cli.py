@@ -23,6 +23,7 @@ environment error (nothing ran; the message names the fix); 3 `wait`: still runn
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -195,7 +196,7 @@ def check_environment() -> None:
 
 
 def _command(args) -> int:
-    from autoresearch import background, lock, state, tags
+    from autoresearch import background, lock, pause, state, tags
     if args.command == "report":
         from autoresearch import report
         print(report.main(args))
@@ -217,7 +218,9 @@ def _command(args) -> int:
         return code
     if args.command in ("setup", "run", "loop"):
         with lock.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
-            return _change_state(repo, args)
+            # an agent started with `autoresearch agent` is paused while anything here trains (pause.py)
+            with pause.paused(repo) if args.command != "setup" else contextlib.nullcontext():
+                return _change_state(repo, args)
     if args.command == "wait":
         code, text = background.wait(repo, args.timeout)
         print(text)

@@ -126,11 +126,16 @@ NIGHT = textwrap.dedent(r'''
         while harness("wait", "--timeout", "60") == 3:
             pass
     assert harness("setup", "--tag", "byhand", "--decision", "naive") == 0
+    # a process of the agent's that would share the machine with its runs: a daemon beating every 10 ms
+    beat = subprocess.Popen([sys.executable, "-c", "import time\nwhile True:\n    print(time.time(), flush=True)\n"
+                             "    time.sleep(0.01)"], stdout=open("/tmp/beats", "w"), start_new_session=True)
     experiment("baseline")
     src = open("train.py").read()
     open("train.py", "w").write(re.sub(r"^WARMDOWN_RATIO = .*$", "WARMDOWN_RATIO = 0.3", src, flags=re.M))
     experiment("shorter warmdown (0.3)")
     harness("status")
+    beats = [float(t) for t in open("/tmp/beats").read().split()]
+    print("PAUSES", [round(b - a, 1) for a, b in zip(beats, beats[1:]) if b - a > 1.0], flush=True)
 ''')
 
 
@@ -152,6 +157,10 @@ def test_an_agent_started_by_hand_runs_a_short_night_through_the_broker(repo, en
     assert recorded[-1].description.startswith("shorter warmdown (0.3)") and recorded[-1].status in ("keep", "discard")
     assert all(r.protection == "bwrap" for r in recorded)
     assert "WARMDOWN_RATIO = 0.3" in sh(repo, "git", "show", f"{recorded[-1].commit}:train.py")
+    # the agent's daemon ran nothing while either run trained (pause.py): two pauses, each longer than a run's
+    # training budget
+    pauses = json.loads(proc.stdout.split("PAUSES ", 1)[1].splitlines()[0])
+    assert len(pauses) == 2 and min(pauses) > float(env["AUTORESEARCH_TIME_BUDGET"]), proc.stdout[-3000:]
 
 
 def test_a_run_trains_on_the_train_py_it_checked_and_committed(repo, env, tmp_path):

@@ -1,0 +1,188 @@
+"""A confined agent is paused while the harness trains: nothing it runs can share the machine with a run it is
+judged by.
+
+Why: on the wall clock a process kept busy beside a run takes its steps. An agent started by hand
+(`autoresearch agent`) lives beside the harness all night and may keep processes running, so it could slow the
+runs that judge it: a control of the control rule (a change that does nothing then looks better beside it), a
+champion's run, the baseline. The row's `load` (the cores others kept busy) records such load, but a red team
+found no margin on it that holds: a hog a quarter of a core strong, under any margin the machine's own noise
+allows, still kept a no-op 10-38% of the time, and a nice-19 hog inflates a run's `load` for nothing
+(BENCHMARKS.md, Decisions on a drifting machine). So the load is not measured and judged: it is impossible.
+
+How: `autoresearch agent` (broker.py) registers its sandbox here, in the repository's state directory, which the
+agent cannot write: bubblewrap's pid and the pid namespace its agent runs in (confine.wrap_agent unshares one,
+so every process the agent starts, however it daemonises, stays in it). Every command that trains (`run`,
+`loop`: cli.py) holds `paused(repo)` from the moment it holds the repository's lock: each registered agent's
+processes are sent SIGSTOP until a scan of /proc finds every one of them stopped (a stopped process cannot fork,
+so this ends), before anything is measured or trained, and SIGCONT when the command ends. A stopped process uses
+no CPU, memory bandwidth or disk. If the command dies by SIGKILL, the broker's watchdog continues what it stopped
+once the repository's lock is free (the kernel releases it with its holder), within WATCH_EVERY.
+
+What an agent sees: its `autoresearch run` returns when the run ends, as before; a `--detach`ed run returns at
+once, and the agent's next step happens after the run ends. An agent the user runs without `autoresearch agent`
+is not confined and not paused (docs/integrity.md); the loop's own agents (`loop --agent`) end before their
+proposal trains, and their pid namespace with them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from autoresearch import errors, lock, state
+
+REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
+STOP_TRIES = 200       # scans of /proc before a pause gives up on a process that will not stop (a few seconds)
+WATCH_EVERY = 1.0      # seconds between two checks of the broker's watchdog
+STOPPED = ("T", "t", "Z", "X")  # /proc/PID/stat states of a process that runs nothing
+
+
+class PauseError(errors.HarnessError):
+    pass
+
+
+def _ns(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def stat(pid: str) -> tuple[str, str] | None:
+    """(state, start time) of a process, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
+    except (OSError, IndexError):
+        return None
+
+
+def namespace_of(sandbox_pid: int, timeout: float = 10.0) -> str:
+    """The pid namespace a bubblewrap process (`sandbox_pid`, in ours) runs its command in: that of its child,
+    once the child has unshared it."""
+    ours = _ns(sandbox_pid)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            ns = _ns(pid) if ppid == sandbox_pid else None
+            if ns and ns != ours:
+                return ns
+        time.sleep(0.01)
+    raise PauseError(f"the sandbox (pid {sandbox_pid}) started no process in a pid namespace of its own")
+
+
+def members(namespace: str) -> list[str]:
+    """The pids (in ours) of every process in the pid namespace."""
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and _ns(pid) == namespace]
+
+
+def stop(namespace: str, note: Path | None = None) -> list[list[str]]:
+    """SIGSTOP every process of the namespace until all are stopped; the [pid, start time] of each it stopped
+    (one stopped already, a job the user suspended, is left as it is). note: where the list is kept before each
+    round of signals, for the watchdog. PauseError if one will not stop."""
+    sent: list[list[str]] = []
+    for _ in range(STOP_TRIES):
+        running = [[pid, st[1]] for pid in members(namespace)
+                   if (st := stat(pid)) is not None and st[0] not in STOPPED]
+        if not running:
+            return sent
+        sent += [r for r in running if r not in sent]
+        if note is not None:
+            state.atomic_json(note, {"stopped": sent})
+        for pid, _ in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGSTOP)
+        time.sleep(0.01)
+    raise PauseError(f"processes of the agent's sandbox did not stop: {', '.join(p for p, _ in running[:5])}")
+
+
+def cont(stopped: list[list[str]]) -> None:
+    """SIGCONT each process stopped (still the one it was: the same start time)."""
+    for pid, started in stopped:
+        st = stat(pid)
+        if st is not None and st[1] == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGCONT)
+
+
+def registry(repo: Path) -> Path:
+    return state.state_dir(repo) / REGISTRY
+
+
+def register(repo: Path, sandbox_pid: int) -> Path:
+    """Note a running agent sandbox of this repository; its file (remove it when the sandbox ends)."""
+    entry = registry(repo) / f"{sandbox_pid}.json"
+    started = (stat(str(sandbox_pid)) or ("", ""))[1]
+    state.atomic_json(entry, {"pid": sandbox_pid, "started": started, "namespace": namespace_of(sandbox_pid)})
+    return entry
+
+
+def registered(repo: Path) -> list[tuple[str, Path]]:
+    """(pid namespace, the file listing what a pause stopped) of each agent sandbox of the repository that still
+    runs."""
+    found = []
+    for entry in sorted(registry(repo).glob("*.json")) if registry(repo).is_dir() else []:
+        try:
+            data = json.loads(entry.read_text())
+            namespace, pid, started = data["namespace"], str(int(data["pid"])), data["started"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        alive = stat(pid)  # its bubblewrap, the same process: a namespace's number is reused once it is gone
+        if alive is not None and alive[1] == started and members(namespace):
+            found.append((namespace, entry.with_suffix(".stopped")))
+    return found
+
+
+@contextlib.contextmanager
+def paused(repo: Path):
+    """Every registered agent of the repository stopped, for the duration (cli.py: run and loop, under the lock)."""
+    done = []
+    try:
+        for namespace, note in registered(repo):
+            done.append(note)
+            stop(namespace, note)
+        yield done
+    finally:
+        for note in done:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                cont(json.loads(note.read_text())["stopped"])
+            note.unlink(missing_ok=True)
+
+
+class Watchdog:
+    """The broker's: continues what a pause stopped in its agent once no command holds the repository's lock (a
+    command that paused it and died by SIGKILL never continued it)."""
+
+    def __init__(self, repo: Path, entry: Path):
+        self.repo, self.note = repo, entry.with_suffix(".stopped")
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.done.wait(WATCH_EVERY):
+            if not self.note.exists():
+                continue
+            try:  # held, no command can be pausing it meanwhile
+                with lock.RepoLock(state.state_dir(self.repo), "autoresearch agent (continuing its paused agent)"):
+                    with contextlib.suppress(OSError, ValueError, KeyError):
+                        cont(json.loads(self.note.read_text())["stopped"])
+                    self.note.unlink(missing_ok=True)
+            except lock.LockHeld:
+                continue  # a command holds it: it continues the agent itself when it ends
+
+    def close(self) -> None:
+        self.done.set()

@@ -1,0 +1,119 @@
+"""An agent started by hand is paused while the harness trains (pause.py): every process of its sandbox, a
+daemon it started included, runs nothing from before a run is measured until it ends, and what was paused runs
+again afterwards, even when the command that paused it was killed."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from autoresearch import lock, pause, state
+
+# The agent: a busy process that daemonises a second one (its own session, its parent gone), then busy itself.
+AGENT = textwrap.dedent("""
+    import os, sys, time
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            while True:
+                time.sleep(0.002)
+        os._exit(0)
+    while True:
+        time.sleep(0.002)
+""")
+
+
+def ticks(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def states(namespace: str) -> dict[str, str]:
+    return {pid: pause.stat(pid)[0] for pid in pause.members(namespace)}
+
+
+@pytest.fixture
+def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
+    """A sandboxed agent as `autoresearch agent` starts one (its own pid namespace), registered for tmp_path."""
+    bwrap_or_skip()
+    monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
+    from autoresearch import confine
+    repo = tmp_path / "repo"
+    (repo / "train.py").parent.mkdir()
+    (repo / "train.py").write_text("")
+    (repo / "agent.py").write_text(AGENT)
+    private = tmp_path / "private"
+    private.mkdir()
+    argv = confine.wrap_agent([sys.executable, "agent.py"], repo, private=private)
+    proc = subprocess.Popen(argv)
+    entry = pause.register(repo, proc.pid)
+    namespace = pause.registered(repo)[0][0]
+    deadline = time.monotonic() + 10
+    while len(pause.members(namespace)) < 3 and time.monotonic() < deadline:  # bwrap's init, the agent, its daemon
+        time.sleep(0.05)
+    yield repo, namespace, entry
+    proc.kill()
+    proc.wait()
+
+
+def test_a_run_pauses_every_process_of_the_agents_sandbox_and_continues_them_after(agent):
+    repo, namespace, _ = agent
+    alive = [pid for pid, s in states(namespace).items() if s not in ("Z", "X")]
+    assert len(alive) >= 3  # bwrap's init, the agent, its daemon
+    suspended = alive[-1]
+    os.kill(int(suspended), signal.SIGSTOP)  # a job the user suspended (Ctrl-Z) inside the sandbox
+    time.sleep(0.1)
+    with pause.paused(repo) as notes:
+        assert len(notes) == 1
+        before = {pid: ticks(pid) for pid in pause.members(namespace)}
+        time.sleep(0.5)
+        assert set(states(namespace).values()) <= set(pause.STOPPED), states(namespace)
+        assert {pid: ticks(pid) for pid in before} == before  # nothing ran while paused
+    time.sleep(0.2)
+    after = states(namespace)
+    assert after[suspended] in ("T", "t")  # not the harness's to continue
+    assert all(s not in ("T", "t") for pid, s in after.items() if pid != suspended), after  # the rest run
+    assert not (notes[0]).exists()
+
+
+def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent):
+    repo, namespace, entry = agent
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from autoresearch import lock, pause, state
+        repo = Path({str(repo)!r})
+        with lock.RepoLock(state.state_dir(repo), "autoresearch run"):
+            with pause.paused(repo):
+                os.kill(os.getpid(), signal.SIGKILL)
+        """)], cwd=os.path.dirname(os.path.dirname(pause.__file__)))
+    assert killed.returncode == -signal.SIGKILL
+    assert set(states(namespace).values()) <= set(pause.STOPPED)  # left paused
+    watchdog = pause.Watchdog(repo, entry)
+    try:
+        deadline = time.monotonic() + 5 * pause.WATCH_EVERY
+        while any(s in ("T", "t") for s in states(namespace).values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(s in ("T", "t") for s in states(namespace).values()), states(namespace)
+    finally:
+        watchdog.close()
+    # while a command holds the lock, the watchdog leaves its pause alone
+    with lock.RepoLock(state.state_dir(repo), "autoresearch run"), pause.paused(repo):
+        watchdog = pause.Watchdog(repo, entry)
+        time.sleep(3 * pause.WATCH_EVERY)
+        assert set(states(namespace).values()) <= set(pause.STOPPED)
+        watchdog.close()
+
+
+def test_a_sandbox_that_ended_is_not_paused_and_a_stale_entry_names_no_namespace(agent):
+    repo, namespace, entry = agent
+    data = entry.read_text()
+    entry.write_text(data.replace('"started": "', '"started": "9'))  # another process now has its pid
+    assert pause.registered(repo) == []
+    with pause.paused(repo) as notes:
+        assert notes == [] and not any(s in ("T", "t") for s in states(namespace).values())
