@@ -218,11 +218,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
               f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         sandbox_proc = subprocess.Popen(argv)
-        try:
-            entry = pause.register(repo, sandbox_proc.pid)
-        except pause.PauseError as e:
-            sandbox_proc.kill()
-            raise errors.HarnessError(f"the agent's sandbox could not be registered to be paused during runs: {e}")
+        entry = pause.register(repo, sandbox_proc.pid)
         watchdog = pause.Watchdog(repo, entry)
         broker.ready.set()
         try:

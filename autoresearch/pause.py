@@ -10,8 +10,10 @@ allows, still kept a no-op 10-38% of the time, and a nice-19 hog inflates a run'
 (BENCHMARKS.md, Decisions on a drifting machine). So the load is not measured and judged: it is impossible.
 
 How: `autoresearch agent` (broker.py) registers its sandbox here, in the repository's state directory, which the
-agent cannot write: bubblewrap's pid and the pid namespace its agent runs in (confine.wrap_agent unshares one,
-so every process the agent starts, however it daemonises, stays in it). Every command that trains (`run`,
+agent cannot write: bubblewrap's pid (and its start time). Every process the agent starts, however it
+daemonises, stays a descendant of it: confine.wrap_agent unshares a pid namespace, whose init (a descendant)
+adopts every orphan, and a namespace the agent nests inside it has its init in the tree too. Every command that
+trains (`run`,
 `loop`: cli.py) holds `paused(repo)` from the moment it holds the repository's lock: each registered agent's
 processes are sent SIGSTOP until a scan of /proc finds every one of them stopped (a stopped process cannot fork,
 so this ends), before anything is measured or trained, and SIGCONT when the command ends. A stopped process uses
@@ -46,56 +48,40 @@ class PauseError(errors.HarnessError):
     pass
 
 
-def _ns(pid: int | str) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/pid")
-    except OSError:
-        return None
-
-
-def stat(pid: str) -> tuple[str, str] | None:
-    """(state, start time) of a process, from /proc/PID/stat."""
+def stat(pid: str) -> tuple[str, str, str] | None:
+    """(state, start time, parent pid) of a process, from /proc/PID/stat."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], fields[19]
+        return fields[0], fields[19], fields[1]
     except (OSError, IndexError):
         return None
 
 
-def namespace_of(sandbox_pid: int, timeout: float = 10.0) -> str:
-    """The pid namespace a bubblewrap process (`sandbox_pid`, in ours) runs its command in: that of its child,
-    once the child has unshared it."""
-    ours = _ns(sandbox_pid)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            ns = _ns(pid) if ppid == sandbox_pid else None
-            if ns and ns != ours:
-                return ns
-        time.sleep(0.01)
-    raise PauseError(f"the sandbox (pid {sandbox_pid}) started no process in a pid namespace of its own")
+def members(sandbox: str) -> list[str]:
+    """The pids of every process the sandbox (its bubblewrap's pid) runs: all its descendants. Not the processes
+    of its pid namespace: one the agent nests inside it (`unshare -Urpf`) would have another, and an orphan is
+    re-parented to its namespace's init, which is one of them, so no process of the sandbox leaves the tree."""
+    children: dict[str, list[str]] = {}
+    for pid in os.listdir("/proc"):
+        st = stat(pid) if pid.isdigit() else None
+        if st is not None:
+            children.setdefault(st[2], []).append(pid)
+    found, todo = [], list(children.get(sandbox, []))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
 
 
-def members(namespace: str) -> list[str]:
-    """The pids (in ours) of every process in the pid namespace."""
-    return [pid for pid in os.listdir("/proc") if pid.isdigit() and _ns(pid) == namespace]
-
-
-def stop(namespace: str, note: Path | None = None) -> list[list[str]]:
-    """SIGSTOP every process of the namespace until all are stopped; the [pid, start time] of each it stopped
+def stop(sandbox: str, note: Path | None = None) -> list[list[str]]:
+    """SIGSTOP every process of the sandbox until all are stopped; the [pid, start time] of each it stopped
     (one stopped already, a job the user suspended, is left as it is). note: where the list is kept before each
     round of signals, for the watchdog. PauseError if one will not stop."""
     sent: list[list[str]] = []
     for _ in range(STOP_TRIES):
-        running = [[pid, st[1]] for pid in members(namespace)
+        running = [[pid, st[1]] for pid in members(sandbox)
                    if (st := stat(pid)) is not None and st[0] not in STOPPED]
         if not running:
             return sent
@@ -123,26 +109,27 @@ def registry(repo: Path) -> Path:
 
 
 def register(repo: Path, sandbox_pid: int) -> Path:
-    """Note a running agent sandbox of this repository; its file (remove it when the sandbox ends)."""
+    """Note a running agent sandbox (its bubblewrap's pid) of this repository; its file (remove it when the
+    sandbox ends)."""
     entry = registry(repo) / f"{sandbox_pid}.json"
     started = (stat(str(sandbox_pid)) or ("", ""))[1]
-    state.atomic_json(entry, {"pid": sandbox_pid, "started": started, "namespace": namespace_of(sandbox_pid)})
+    state.atomic_json(entry, {"pid": sandbox_pid, "started": started})
     return entry
 
 
 def registered(repo: Path) -> list[tuple[str, Path]]:
-    """(pid namespace, the file listing what a pause stopped) of each agent sandbox of the repository that still
-    runs."""
+    """(its bubblewrap's pid, the file listing what a pause stopped) of each agent sandbox of the repository that
+    still runs."""
     found = []
     for entry in sorted(registry(repo).glob("*.json")) if registry(repo).is_dir() else []:
         try:
             data = json.loads(entry.read_text())
-            namespace, pid, started = data["namespace"], str(int(data["pid"])), data["started"]
+            pid, started = str(int(data["pid"])), data["started"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        alive = stat(pid)  # its bubblewrap, the same process: a namespace's number is reused once it is gone
-        if alive is not None and alive[1] == started and members(namespace):
-            found.append((namespace, entry.with_suffix(".stopped")))
+        alive = stat(pid)  # the same process: a pid is reused once its process is gone
+        if alive is not None and alive[1] == started:
+            found.append((pid, entry.with_suffix(".stopped")))
     return found
 
 
@@ -151,9 +138,9 @@ def paused(repo: Path):
     """Every registered agent of the repository stopped, for the duration (cli.py: run and loop, under the lock)."""
     done = []
     try:
-        for namespace, note in registered(repo):
+        for sandbox, note in registered(repo):
             done.append(note)
-            stop(namespace, note)
+            stop(sandbox, note)
         yield done
     finally:
         for note in done:

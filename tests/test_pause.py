@@ -13,9 +13,13 @@ import pytest
 
 from autoresearch import lock, pause, state
 
-# The agent: a busy process that daemonises a second one (its own session, its parent gone), then busy itself.
+# The agent: a busy process that starts one in a pid namespace nested in its own (`unshare -Upf`: members of the
+# sandbox's namespace alone would miss it) and daemonises a second one (its own session, its parent gone), then
+# busy itself.
 AGENT = textwrap.dedent("""
-    import os, sys, time
+    import os, subprocess, sys, time
+    LOOP = "import time\\nwhile True:\\n    time.sleep(0.002)"
+    subprocess.Popen(["unshare", "-Upf", sys.executable, "-c", LOOP])
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -33,8 +37,14 @@ def ticks(pid: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def states(namespace: str) -> dict[str, str]:
-    return {pid: pause.stat(pid)[0] for pid in pause.members(namespace)}
+def states(sandbox: str) -> dict[str, str]:
+    return {pid: pause.stat(pid)[0] for pid in pause.members(sandbox)}
+
+
+def nested(pid: str) -> bool:
+    """Whether the process runs in a pid namespace nested in the sandbox's (its NSpid has three levels)."""
+    with open(f"/proc/{pid}/status") as f:
+        return len(next(line for line in f if line.startswith("NSpid:")).split()) > 3
 
 
 @pytest.fixture
@@ -52,9 +62,9 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
     argv = confine.wrap_agent([sys.executable, "agent.py"], repo, private=private)
     proc = subprocess.Popen(argv)
     entry = pause.register(repo, proc.pid)
-    namespace = pause.registered(repo)[0][0]
+    namespace = pause.registered(repo)[0][0]  # the sandbox: its bubblewrap's pid
     deadline = time.monotonic() + 10
-    while len(pause.members(namespace)) < 3 and time.monotonic() < deadline:  # bwrap's init, the agent, its daemon
+    while not any(nested(pid) for pid in pause.members(namespace)) and time.monotonic() < deadline:
         time.sleep(0.05)
     yield repo, namespace, entry
     proc.kill()
@@ -64,8 +74,8 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
 def test_a_run_pauses_every_process_of_the_agents_sandbox_and_continues_them_after(agent):
     repo, namespace, _ = agent
     alive = [pid for pid, s in states(namespace).items() if s not in ("Z", "X")]
-    assert len(alive) >= 3  # bwrap's init, the agent, its daemon
-    suspended = alive[-1]
+    assert len(alive) >= 4 and any(nested(pid) for pid in alive)  # the agent, its daemon, the nested one
+    suspended = next(pid for pid in alive if not nested(pid) and pid != alive[0])
     os.kill(int(suspended), signal.SIGSTOP)  # a job the user suspended (Ctrl-Z) inside the sandbox
     time.sleep(0.1)
     with pause.paused(repo) as notes:
