@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, pause, sandbox
+from autoresearch import confine, errors, lock, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -45,6 +45,11 @@ BROKERED = {
     "sample": {"prompt", "tokens", "temperature", "seed", "run_id"},
     "report": {"tag", "json"},
 }
+
+
+# brokered commands that compute (`sample` runs the model, `report` draws): each holds the repository's lock, so
+# none runs beside a run, which the agent could otherwise start just before its own `autoresearch run` (pause.py)
+LOCKED = ("sample", "report", "best", "ideas")
 
 
 class BrokerError(errors.HarnessError):
@@ -148,16 +153,26 @@ class Broker:
             env = {k: v for k, v in os.environ.items() if k != BROKER_ENV} | {
                 "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PYTHONNOUSERSITE": "1"}
             self.ready.wait()  # the agent's sandbox is registered, so a run pauses it (pause.py)
-            proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=self.repo, env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            # read apart from the sending: the agent is paused while a run trains and reads nothing, and a full
-            # socket must not stop the run at its next line of output
-            chunks: queue.Queue = queue.Queue()
-            threading.Thread(target=lambda: [chunks.put(c) for c in iter(lambda: proc.stdout.read1(4096), b"")]
-                             + [chunks.put(None)], daemon=True).start()
-            for chunk in iter(chunks.get, None):
-                send({"out": chunk.decode(errors="replace")})
-            send({"rc": proc.wait()})
+            try:
+                held = lock.RepoLock(state.state_dir(self.repo), f"autoresearch {command[0]} (for the agent)") \
+                    if command[0] in LOCKED else contextlib.nullcontext()
+                with held:
+                    self._run(command, env, send)
+            except lock.LockHeld as e:
+                send({"out": f"error: {e}\n"})
+                send({"rc": 1})
+
+    def _run(self, command: list[str], env: dict, send) -> None:
+        proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=self.repo, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # read apart from the sending: the agent is paused while a run trains and reads nothing, and a full socket
+        # must not stop the run at its next line of output
+        chunks: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [chunks.put(c) for c in iter(lambda: proc.stdout.read1(4096), b"")]
+                         + [chunks.put(None)], daemon=True).start()
+        for chunk in iter(chunks.get, None):
+            send({"out": chunk.decode(errors="replace")})
+        send({"rc": proc.wait()})
 
     def close(self) -> None:
         self.sock.close()
@@ -219,7 +234,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
               f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         sandbox_proc = subprocess.Popen(argv)
         entry = pause.register(repo, sandbox_proc.pid)
-        watchdog = pause.Watchdog(repo, entry)
+        watchdog = pause.Watchdog(repo)
         broker.ready.set()
         try:
             return sandbox_proc.wait()

@@ -39,7 +39,7 @@ from pathlib import Path
 from autoresearch import errors, lock, state
 
 REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
-STOP_TRIES = 200       # scans of /proc before a pause gives up on a process that will not stop (a few seconds)
+STOP_TRIES = 200       # scans of /proc (a few seconds) before a process that will not stop is killed
 WATCH_EVERY = 1.0      # seconds between two checks of the broker's watchdog
 STOPPED = ("T", "t", "Z", "X")  # /proc/PID/stat states of a process that runs nothing
 
@@ -59,9 +59,9 @@ def stat(pid: str) -> tuple[str, str, str] | None:
 
 
 def members(sandbox: str) -> list[str]:
-    """The pids of every process the sandbox (its bubblewrap's pid) runs: all its descendants. Not the processes
-    of its pid namespace: one the agent nests inside it (`unshare -Urpf`) would have another, and an orphan is
-    re-parented to its namespace's init, which is one of them, so no process of the sandbox leaves the tree."""
+    """The pids of every process descending from the sandbox's bubblewrap. Not the processes of its pid
+    namespace: one the agent nests inside it (`unshare -Upf` works there) has another, and an orphan is
+    re-parented to its namespace's init, which is a descendant, so no process of the sandbox leaves the tree."""
     children: dict[str, list[str]] = {}
     for pid in os.listdir("/proc"):
         st = stat(pid) if pid.isdigit() else None
@@ -75,14 +75,32 @@ def members(sandbox: str) -> list[str]:
     return found
 
 
-def stop(sandbox: str, note: Path | None = None) -> list[list[str]]:
-    """SIGSTOP every process of the sandbox until all are stopped; the [pid, start time] of each it stopped
-    (one stopped already, a job the user suspended, is left as it is). note: where the list is kept before each
-    round of signals, for the watchdog. PauseError if one will not stop."""
+def runs(pid: str) -> bool:
+    """Whether a thread of the process may still run: /proc/PID/stat is its main thread's, which shows Z once it
+    has exited while the others go on."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in STOPPED:
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def stop(processes, note: Path | None = None) -> list[list[str]]:
+    """SIGSTOP every process that processes() lists until all are stopped, every thread; the [pid, start time]
+    of each it stopped (one stopped already, a job the user suspended, is left as it is). note: where the list is
+    kept before each round of signals, for the watchdog. A process that will not stop (a vfork parent whose child
+    blocks before exec waits where SIGSTOP cannot reach it, SIGKILL can) is killed; PauseError if even that fails."""
     sent: list[list[str]] = []
-    for _ in range(STOP_TRIES):
-        running = [[pid, st[1]] for pid in members(sandbox)
-                   if (st := stat(pid)) is not None and st[0] not in STOPPED]
+    running: list[list[str]] = []
+    for attempt in range(STOP_TRIES + 50):
+        running = [[pid, st[1]] for pid in processes() if runs(pid) and (st := stat(pid)) is not None]
         if not running:
             return sent
         sent += [r for r in running if r not in sent]
@@ -90,7 +108,7 @@ def stop(sandbox: str, note: Path | None = None) -> list[list[str]]:
             state.atomic_json(note, {"stopped": sent})
         for pid, _ in running:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGSTOP)
+                os.kill(int(pid), signal.SIGKILL if attempt >= STOP_TRIES else signal.SIGSTOP)
         time.sleep(0.01)
     raise PauseError(f"processes of the agent's sandbox did not stop: {', '.join(p for p, _ in running[:5])}")
 
@@ -135,12 +153,14 @@ def registered(repo: Path) -> list[tuple[str, Path]]:
 
 @contextlib.contextmanager
 def paused(repo: Path):
-    """Every registered agent of the repository stopped, for the duration (cli.py: run and loop, under the lock)."""
+    """Every registered agent of the repository stopped, for the duration (cli.py: run and loop, under the lock).
+    What its broker runs outside the sandbox is not the agent's code: `run` holds the lock, and the brokered
+    commands that compute (broker.LOCKED: `sample` runs the model) take it too, so none runs beside a run."""
     done = []
     try:
         for sandbox, note in registered(repo):
             done.append(note)
-            stop(sandbox, note)
+            stop(lambda sandbox=sandbox: members(sandbox), note)
         yield done
     finally:
         for note in done:
@@ -150,26 +170,28 @@ def paused(repo: Path):
 
 
 class Watchdog:
-    """The broker's: continues what a pause stopped in its agent once no command holds the repository's lock (a
-    command that paused it and died by SIGKILL never continued it)."""
+    """The broker's: continues what a pause stopped once no command holds the repository's lock (a command that
+    paused and died by SIGKILL never continued it)."""
 
-    def __init__(self, repo: Path, entry: Path):
-        self.repo, self.note = repo, entry.with_suffix(".stopped")
+    def __init__(self, repo: Path):
+        self.repo = repo
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
     def _watch(self) -> None:
         while not self.done.wait(WATCH_EVERY):
-            if not self.note.exists():
+            notes = list(registry(self.repo).glob("*.stopped")) if registry(self.repo).is_dir() else []
+            if not notes:
                 continue
-            try:  # held, no command can be pausing it meanwhile
+            try:  # held, no command can be pausing meanwhile
                 with lock.RepoLock(state.state_dir(self.repo), "autoresearch agent (continuing its paused agent)"):
-                    with contextlib.suppress(OSError, ValueError, KeyError):
-                        cont(json.loads(self.note.read_text())["stopped"])
-                    self.note.unlink(missing_ok=True)
+                    for note in notes:
+                        with contextlib.suppress(OSError, ValueError, KeyError):
+                            cont(json.loads(note.read_text())["stopped"])
+                        note.unlink(missing_ok=True)
             except lock.LockHeld:
-                continue  # a command holds it: it continues the agent itself when it ends
+                continue  # a command holds it: it continues what it paused when it ends
 
     def close(self) -> None:
         self.done.set()

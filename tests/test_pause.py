@@ -20,6 +20,11 @@ AGENT = textwrap.dedent("""
     import os, subprocess, sys, time
     LOOP = "import time\\nwhile True:\\n    time.sleep(0.002)"
     subprocess.Popen(["unshare", "-Upf", sys.executable, "-c", LOOP])
+    # a process whose main thread exits while another runs on: /proc/PID/stat then says Z
+    ZOMBIE_LEADER = (
+        "import ctypes, threading, time\\ndef beat():\\n    while True:\\n        time.sleep(0.002)\\n"
+        "threading.Thread(target=beat).start()\\nctypes.CDLL(None).pthread_exit(None)")
+    subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER])
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -32,9 +37,13 @@ AGENT = textwrap.dedent("""
 
 
 def ticks(pid: str) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
+    """CPU ticks of every thread of the process (utime + stime)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
 
 
 def states(sandbox: str) -> dict[str, str]:
@@ -64,8 +73,13 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
     entry = pause.register(repo, proc.pid)
     namespace = pause.registered(repo)[0][0]  # the sandbox: its bubblewrap's pid
     deadline = time.monotonic() + 10
-    while not any(nested(pid) for pid in pause.members(namespace)) and time.monotonic() < deadline:
+    def started():  # the nested one, and the one whose main thread exited (Z, its other thread running)
+        found = pause.members(namespace)
+        return any(nested(pid) for pid in found) and any(
+            pause.stat(pid)[0] == "Z" and pause.runs(pid) for pid in found if pause.stat(pid))
+    while not started() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert started()
     yield repo, namespace, entry
     proc.kill()
     proc.wait()
@@ -82,8 +96,8 @@ def test_a_run_pauses_every_process_of_the_agents_sandbox_and_continues_them_aft
         assert len(notes) == 1
         before = {pid: ticks(pid) for pid in pause.members(namespace)}
         time.sleep(0.5)
-        assert set(states(namespace).values()) <= set(pause.STOPPED), states(namespace)
-        assert {pid: ticks(pid) for pid in before} == before  # nothing ran while paused
+        assert not any(pause.runs(pid) for pid in pause.members(namespace)), states(namespace)
+        assert {pid: ticks(pid) for pid in before} == before  # nothing ran while paused, no thread of it
     time.sleep(0.2)
     after = states(namespace)
     assert after[suspended] in ("T", "t")  # not the harness's to continue
@@ -104,7 +118,7 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
         """)], cwd=os.path.dirname(os.path.dirname(pause.__file__)))
     assert killed.returncode == -signal.SIGKILL
     assert set(states(namespace).values()) <= set(pause.STOPPED)  # left paused
-    watchdog = pause.Watchdog(repo, entry)
+    watchdog = pause.Watchdog(repo)
     try:
         deadline = time.monotonic() + 5 * pause.WATCH_EVERY
         while any(s in ("T", "t") for s in states(namespace).values()) and time.monotonic() < deadline:
@@ -114,7 +128,7 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
         watchdog.close()
     # while a command holds the lock, the watchdog leaves its pause alone
     with lock.RepoLock(state.state_dir(repo), "autoresearch run"), pause.paused(repo):
-        watchdog = pause.Watchdog(repo, entry)
+        watchdog = pause.Watchdog(repo)
         time.sleep(3 * pause.WATCH_EVERY)
         assert set(states(namespace).values()) <= set(pause.STOPPED)
         watchdog.close()
