@@ -141,3 +141,19 @@ def test_a_sandbox_that_ended_is_not_paused_and_a_stale_entry_names_no_namespace
     assert pause.registered(repo) == []
     with pause.paused(repo) as notes:
         assert notes == [] and not any(s in ("T", "t") for s in states(namespace).values())
+
+
+def test_what_the_broker_runs_that_computes_never_runs_beside_a_run(repo, capsys, monkeypatch):
+    """Red team: `autoresearch sample` (the model, run by the broker outside the sandbox) sent just before
+    `autoresearch run` went on beside the run, where pausing the agent's sandbox did not reach it. The broker runs
+    it under the repository's lock: while a run holds it, the agent is told so."""
+    from autoresearch import broker, cli
+    server = broker.Broker(repo, cli.build_parser())
+    server.ready.set()
+    monkeypatch.setenv(broker.BROKER_ENV, str(server.dir / "socket" / broker.SOCKET_NAME))
+    try:
+        with lock.RepoLock(state.state_dir(repo), "autoresearch run"):
+            assert broker.forward(["sample", "--tokens", "5"]) == 1
+        assert "`autoresearch run`" in capsys.readouterr().out
+    finally:
+        server.close()
