@@ -36,7 +36,9 @@ import threading
 import time
 from pathlib import Path
 
-from autoresearch import errors, lock, state
+import psutil
+
+from autoresearch import errors, lock, processes, state
 
 REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
 STOP_TRIES = 200       # scans of /proc (a few seconds) before a process that will not stop is killed
@@ -48,12 +50,12 @@ class PauseError(errors.HarnessError):
     pass
 
 
-def stat(pid: str) -> tuple[str, str, str] | None:
-    """(state, start time, parent pid) of a process, from /proc/PID/stat."""
+def stat(pid: str) -> tuple[str, str] | None:
+    """(state, start time) of a process's main thread, from /proc/PID/stat."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], fields[19], fields[1]
+        return fields[0], fields[19]
     except (OSError, IndexError):
         return None
 
@@ -62,17 +64,10 @@ def members(sandbox: str) -> list[str]:
     """The pids of every process descending from the sandbox's bubblewrap. Not the processes of its pid
     namespace: one the agent nests inside it (`unshare -Upf` works there) has another, and an orphan is
     re-parented to its namespace's init, which is a descendant, so no process of the sandbox leaves the tree."""
-    children: dict[str, list[str]] = {}
-    for pid in os.listdir("/proc"):
-        st = stat(pid) if pid.isdigit() else None
-        if st is not None:
-            children.setdefault(st[2], []).append(pid)
-    found, todo = [], list(children.get(sandbox, []))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
+    try:
+        return [str(child.pid) for child in psutil.Process(int(sandbox)).children(recursive=True)]
+    except (psutil.Error, ValueError):
+        return []
 
 
 def runs(pid: str) -> bool:
@@ -130,24 +125,21 @@ def register(repo: Path, sandbox_pid: int) -> Path:
     """Note a running agent sandbox (its bubblewrap's pid) of this repository; its file (remove it when the
     sandbox ends)."""
     entry = registry(repo) / f"{sandbox_pid}.json"
-    started = (stat(str(sandbox_pid)) or ("", ""))[1]
-    state.atomic_json(entry, {"pid": sandbox_pid, "started": started})
+    state.atomic_json(entry, {"process": processes.identity(sandbox_pid)})
     return entry
 
 
 def registered(repo: Path) -> list[tuple[str, Path]]:
     """(its bubblewrap's pid, the file listing what a pause stopped) of each agent sandbox of the repository that
-    still runs."""
+    still runs (the same process: a pid is reused once its process is gone)."""
     found = []
     for entry in sorted(registry(repo).glob("*.json")) if registry(repo).is_dir() else []:
         try:
-            data = json.loads(entry.read_text())
-            pid, started = str(int(data["pid"])), data["started"]
+            ident = json.loads(entry.read_text())["process"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        alive = stat(pid)  # the same process: a pid is reused once its process is gone
-        if alive is not None and alive[1] == started:
-            found.append((pid, entry.with_suffix(".stopped")))
+        if processes.same_process(ident) is not None:
+            found.append((str(ident[0]), entry.with_suffix(".stopped")))
     return found
 
 

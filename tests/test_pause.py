@@ -2,6 +2,7 @@
 daemon it started included, runs nothing from before a run is measured until it ends, and what was paused runs
 again afterwards, even when the command that paused it was killed."""
 
+import json
 import os
 import signal
 import subprocess
@@ -137,7 +138,8 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
 def test_a_sandbox_that_ended_is_not_paused_and_a_stale_entry_names_no_namespace(agent):
     repo, namespace, entry = agent
     data = entry.read_text()
-    entry.write_text(data.replace('"started": "', '"started": "9'))  # another process now has its pid
+    ident = json.loads(data)["process"]
+    entry.write_text(json.dumps({"process": [ident[0], ident[1] + 60]}))  # another process now has its pid
     assert pause.registered(repo) == []
     with pause.paused(repo) as notes:
         assert notes == [] and not any(s in ("T", "t") for s in states(namespace).values())
