@@ -18,26 +18,31 @@ Two measurements (--modes), each arm of each a *lane*: a repository and tag of i
   back;
 - night: the loop starts from the default: gain = default - champion.
 
-The lanes run **interleaved**: each lane's next experiment in turn, round-robin (`autoresearch loop
---max-experiments 1` on the lane's tag; the proposers keep no state outside the ledger), so every arm gets the same
-minutes of the machine, whose speed drifts by a third for tens of minutes at a time (56-64 steps per 30 s run, then
-89-95, on 2026-12-01). Arms run one after another made issue 21's table impossible to measure in one sitting. At the
+The lanes run **interleaved**, one experiment at a time (`autoresearch loop --max-experiments 1` on the lane's tag;
+the proposers keep no state outside the ledger), so every arm runs in the same minutes of the machine, whose speed
+drifts by a third for tens of minutes at a time (56-64 steps per 30 s run, then 89-95, on 2026-12-01). Arms run one
+after another made issue 21's table impossible to measure in one sitting. **A night is wall time, not a count of
+experiments:** each lane gets an equal share of --minutes, and the lane that has spent the least of its share runs
+the next experiment. A proposer whose moves are decided in one run makes more experiments in its share than one
+whose moves need four (on 2026-12-02, in rounds of one experiment each, the researcher's night took 12 runs and 8.7
+minutes for 6 experiments, random search's 27 runs and 27.2 minutes). At the
 end the default, the detuned start and every lane's champion are re-measured by hand on the same fresh seeds (never
 used in a loop), interleaved per seed, and the table is computed from those alone. The noise of the table is the
 spread of a configuration's re-measurements (its pooled standard deviation, and the standard error of a mean).
 
-**Under two hours, by construction.** No new round of experiments starts after --minutes of loops (95 by
-default, over every sitting), so the lanes end with as many experiments each, at most --experiments; the
-re-measurement then takes about 10 minutes at the default.
+**Under two hours, by construction.** A lane starts no experiment once its share of --minutes (85 by default,
+over every sitting) is spent, nor beyond --experiments; its last experiment may overrun its share by one experiment
+(1-4 minutes at 15 s). The re-measurement then takes about 10 minutes at the default.
 
 **Resumable.** Everything lives in --work (by default a directory named by the settings under
 ~/.cache/autoresearch-research): run the same command again after an interruption (Ctrl-C, a reboot) and it goes on
-where it stopped. A lane's progress is its ledger (experiments begun, counted from its rows); a re-measurement is a
+where it stopped. A lane's progress is its ledger (experiments begun, counted from its rows) and its loop seconds
+(work/<lane>/loop_seconds.json); a re-measurement is a
 JSON line in work/measurements.jsonl once done. A loop killed mid-run is recovered by the next `autoresearch loop`
 (the run in flight recorded as interrupted; its series finishes).
 
     python benchmarks/research.py                                   # the default: under 2 hours on 2 cores
-    python benchmarks/research.py --budget 30 --experiments 12 --modes recovery
+    python benchmarks/research.py --modes night --seeds 8 --minutes 70    # the night alone, resolved finer
     python benchmarks/research.py --budget 5 --experiments 1 --arms builtin --seeds 1   # a smoke test
     python benchmarks/research.py --arms builtin builtin@0dccac2 random    # a researcher's change, before and after
 
@@ -79,13 +84,13 @@ PLANTED = [
      "logits = self.lm_head(x).float()"),
 ]
 FRESH_SEEDS = [1001, 1002, 1003]  # re-measurements only: the loop's seeds start at 42
-# The default setting: 6 lanes x (a baseline of 3 runs + up to 8 experiments) at 15 s, then 8 configurations x 3
-# seeds re-measured (about 10 minutes). A run costs its budget plus ~10-15 s outside it, and one that may be kept
-# ~40 s more (its audit, issue 31): a baseline of 3 runs at 4 s took 145 s, one experiment of 4 runs 198 s. So
-# the loops stop starting rounds after DEFAULT_MINUTES, at a round's end (every lane has as many experiments).
+# The default setting: 6 lanes sharing 85 minutes of loops at 15 s budgets, then 8 configurations x 3 seeds
+# re-measured (11 minutes on 2026-12-02). A run costs its budget plus ~10-15 s outside it, and one that may be kept
+# ~40 s more (its audit, issue 31); an experiment took 1-4 minutes (a clear loss one run, a close call four), so
+# each lane may overrun its share by that much: 85 + 6 x ~2 + 11 minutes is under two hours.
 DEFAULT_BUDGET = 15.0
-DEFAULT_EXPERIMENTS = 8
-DEFAULT_MINUTES = 95.0
+DEFAULT_EXPERIMENTS = 30  # a cap per lane: the minutes end a lane first at the default
+DEFAULT_MINUTES = 85.0
 
 
 def default_source(compile_: bool) -> str:
@@ -155,7 +160,8 @@ class Lane:
         self.dir = work / self.name
         self.tag = f"research-{self.name}"
         self.repo = self.dir / "repo"
-        self.seconds = 0.0  # loop wall time this sitting (a resumed lane's earlier sittings are in its log)
+        self.spent = Spent(self.dir / "loop_seconds.json")  # its loops' wall time, over every sitting
+        self.stuck = 0  # calls in a row that began no experiment (a proposer with no move left, say)
 
     def rows(self) -> list[ledger.Row]:
         results = self.repo / "results.tsv"
@@ -177,12 +183,13 @@ class Lane:
         env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=str(budget), PYTHONPATH=str(self.harness))
         argv = [sys.executable, "-m", "autoresearch.cli", "loop", "--agent", self.agent, "--tag", self.tag,
                 "--max-experiments", "1"]
-        t0 = time.time()
+        t0, before = time.time(), (self.started(), self.experiments())
         with open(self.dir / "loop.log", "a") as f:
             proc = subprocess.run(argv, cwd=self.repo, env=env, stdout=f, stderr=subprocess.STDOUT)
-        self.seconds += time.time() - t0
+        self.spent.add(time.time() - t0)
         if proc.returncode != 0 and not self.rows():
             raise RuntimeError(f"the {self.name} loop failed (exit {proc.returncode}): see {self.dir / 'loop.log'}")
+        self.stuck = 0 if (self.started(), self.experiments()) != before else self.stuck + 1
 
     def champion(self) -> str:
         return subprocess.run(["git", "show", f"autoresearch/{self.tag}:train.py"], cwd=self.repo,
@@ -194,11 +201,11 @@ class Lane:
                 if r.status == "keep" and not r.decision.startswith("baseline")]
         return {"mode": self.mode, "arm": self.arm, "harness": self.rev or "this checkout", "experiments": self.experiments(), "runs": len(done),
                 "crashes": sum(r.status == "crash" for r in done), "pruned": sum(r.status == "pruned" for r in done),
-                "kept": sorted(set(kept)), "loop_minutes_this_sitting": round(self.seconds / 60, 1)}
+                "kept": sorted(set(kept)), "loop_minutes": round(self.spent.seconds / 60, 1)}
 
 
 class Spent:
-    """Seconds the loops have run, over every sitting (a JSON number in work/loop_seconds.json)."""
+    """Seconds a lane's loops have run, over every sitting (a JSON number in a file)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -232,6 +239,15 @@ class Measurements:
         return self.done[name, seed]
 
 
+def next_lane(lanes: list, share: float, cap: int):
+    """The lane to run next, or None when every lane is done: a lane without its baseline first, then the one that
+    has spent the fewest seconds, among those under `share` seconds and `cap` experiments that still begin
+    experiments (three calls in a row that began none: its proposer has no move left)."""
+    open_ = [lane for lane in lanes if lane.stuck < 3
+             and (not lane.started() or (lane.experiments() < cap and lane.spent.seconds < share))]
+    return min(open_, key=lambda lane: (lane.started(), lane.spent.seconds), default=None)
+
+
 def noise(values: dict[str, list[float]]) -> float | None:
     """Pooled standard deviation of one re-measurement, over every configuration measured more than once."""
     ss = sum(sum((v - statistics.fmean(vs)) ** 2 for v in vs) for vs in values.values() if len(vs) > 1)
@@ -243,8 +259,8 @@ def table(lanes: list[Lane], final: dict[str, list[float]]) -> list[str]:
     sigma = noise(final)
     n = min(len(vs) for vs in final.values())
     mean = {k: statistics.fmean(vs) for k, vs in final.items()}
-    lines = ["| mode | arm | experiments | runs | kept | champion (fresh seeds) | result |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| mode | arm | experiments | runs | loop minutes | kept | champion (fresh seeds) | result |",
+             "|---|---|---|---|---|---|---|---|"]
     for lane in lanes:
         s = lane.summary()
         champ = mean[lane.name]
@@ -253,7 +269,8 @@ def table(lanes: list[Lane], final: dict[str, list[float]]) -> list[str]:
         else:
             gap = mean["detuned"] - mean["default"]
             result = f"recovered {100 * (mean['detuned'] - champ) / gap:.0f}%" if gap else "no planted gap"
-        lines.append(f"| {lane.mode} | {lane.arm} | {s['experiments']} | {s['runs']} | {len(s['kept'])} | "
+        lines.append(f"| {lane.mode} | {lane.arm} | {s['experiments']} | {s['runs']} | {s['loop_minutes']} | "
+                     f"{len(s['kept'])} | "
                      f"{champ:.4f} | {result} |")
     if sigma is not None:
         lines.append(f"\nNoise: one re-measurement's sigma {sigma:.4f} (pooled over {len(final)} configurations); "
@@ -267,12 +284,13 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
                         help=f"training seconds per run (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--experiments", type=int, default=DEFAULT_EXPERIMENTS,
-                        help=f"experiments per lane, the baseline not counted (default {DEFAULT_EXPERIMENTS})")
+                        help=f"at most this many experiments per lane, the baseline not counted "
+                             f"(default {DEFAULT_EXPERIMENTS})")
     parser.add_argument("--modes", nargs="+", choices=["recovery", "night"], default=["recovery", "night"])
     parser.add_argument("--arms", nargs="+", default=["builtin", "random", "tpe"])
     parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES,
-                        help=f"no new round of experiments after this many minutes of loops, over every sitting "
-                             f"(default {DEFAULT_MINUTES:g}: with the re-measurement, under 2 hours on 2 cores)")
+                        help=f"minutes of loops, over every sitting, shared equally by the lanes (default "
+                             f"{DEFAULT_MINUTES:g}: with the re-measurement, under 2 hours on 2 cores)")
     parser.add_argument("--seeds", type=int, default=len(FRESH_SEEDS), help="fresh seeds in the re-measurement")
     parser.add_argument("--compile", action="store_true", help="keep torch.compile on (see above)")
     parser.add_argument("--work", help="where the lanes live; the same command resumes there (default: named by "
@@ -293,23 +311,15 @@ def main() -> int:
              for mode in args.modes for arm in args.arms]
     t_start = time.time()
     print(f"{machine.describe(hw)}; {', '.join(args.modes)}; arms {', '.join(args.arms)}; budget {args.budget:g} s, "
-          f"{args.experiments} experiments a lane, interleaved; work in {work} (run again to resume)", flush=True)
-    # round-robin: each lane's next experiment in turn, until every lane has its experiments
-    stuck: dict[str, int] = {}  # calls in a row that began no experiment (a proposer with no move left, say)
-    spent = Spent(work / "loop_seconds.json")  # the loops' wall time over every sitting
-    while True:
-        behind = [lane for lane in lanes if (not lane.started() or lane.experiments() < args.experiments)
-                  and stuck.get(lane.name, 0) < 3]
-        if not behind or (spent.seconds > 60 * args.minutes and all(lane.started() for lane in lanes)):
-            break  # done, or out of time (checked between rounds: every lane has as many experiments)
-        for lane in behind:
-            t0, before = time.time(), (lane.started(), lane.experiments())
-            lane.step(args.budget)
-            spent.add(time.time() - t0)
-            stuck[lane.name] = 0 if (lane.started(), lane.experiments()) != before else stuck.get(lane.name, 0) + 1
-            print(f"{time.strftime('%H:%M:%S')} {lane.name}: experiment {lane.experiments()}/{args.experiments} "
-                  f"({time.time() - t0:.0f} s; {(time.time() - t_start) / 60:.0f} min this sitting)"
-                  + (" (it began nothing: see its loop.log)" if stuck[lane.name] else ""), flush=True)
+          f"{args.minutes:g} minutes of loops shared by {len(lanes)} lanes, interleaved; work in {work} "
+          f"(run again to resume)", flush=True)
+    share = 60 * args.minutes / len(lanes)
+    while (lane := next_lane(lanes, share, args.experiments)) is not None:
+        t0 = time.time()
+        lane.step(args.budget)
+        print(f"{time.strftime('%H:%M:%S')} {lane.name}: experiment {lane.experiments()} ({time.time() - t0:.0f} s; "
+              f"{lane.spent.seconds / 60:.1f} of its {share / 60:.1f} min; {(time.time() - t_start) / 60:.0f} min "
+              f"this sitting)" + (" (it began nothing: see its loop.log)" if lane.stuck else ""), flush=True)
     # the end: the default, the detuned start and every champion on the same fresh seeds, interleaved per seed
     sources = {"default": default, **({"detuned": detuned} if "recovery" in args.modes else {}),
                **{lane.name: lane.champion() for lane in lanes}}
@@ -323,7 +333,7 @@ def main() -> int:
               "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()}, "seeds": seeds,
               "budget_s": args.budget, "experiments": args.experiments, "compile": args.compile,
               "minutes_this_sitting": round((time.time() - t_start) / 60, 1),
-              "loop_minutes": round(spent.seconds / 60, 1), "work": str(work),
+              "loop_minutes": round(sum(lane.spent.seconds for lane in lanes) / 60, 1), "work": str(work),
               "cpu": hw["name"], "cores": hw["cores"], "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out, "a") as f:
         f.write(json.dumps(record) + "\n")
