@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from autoresearch import confine, descriptions, git, guard, ledger, proposer, sandbox, state
+from autoresearch import confine, descriptions, git, guard, ledger, memcap, proposer, sandbox, state
 from autoresearch.errors import AgentError  # defined there: cli.py catches it without importing this module
 
 PRESETS = {
@@ -111,18 +111,22 @@ class ExternalAgent:
     def propose(self, context: dict) -> str:
         """One session of the agent: its change to train.py, described."""
         private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
+        # confined, it holds no more memory than memcap allows: in the parallel loop it proposes beside a training
+        cap = memcap.Cap(private.name) if self.confined() else None
         try:
-            return self._session(context, private)
+            return self._session(context, private, cap)
         finally:
+            if cap is not None:
+                cap.close()
             shutil.rmtree(private, ignore_errors=True)
 
-    def _session(self, context: dict, private: Path) -> str:
+    def _session(self, context: dict, private: Path, cap: memcap.Cap | None) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
-        if self.confined():  # no validation or test tokens within its reach (confine.wrap_agent)
-            argv = confine.wrap_agent(argv, self.workdir, private=private)
+        if cap is not None:  # no validation or test tokens within its reach (confine.wrap_agent)
+            argv = cap.wrap(confine.wrap_agent(argv, self.workdir, private=private))
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])

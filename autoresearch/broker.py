@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, lock, pause, sandbox, state
+from autoresearch import confine, errors, lock, memcap, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -220,6 +220,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             None if Path(w).exists() else f"--allow {w}: no such file or directory")
         if problem:
             raise errors.HarnessError(problem)
+    cap = memcap.Cap(f"broker-{os.getpid()}")  # what it holds while paused is bounded (memcap.py)
     broker = Broker(repo, parser)
     try:
         private = broker.dir / "state"
@@ -231,15 +232,20 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
               f"its credentials, a private scratch for its session (~/.claude/projects, ...)"
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
-              f"as it is. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
-        sandbox_proc = subprocess.Popen(argv)
+              f"as it is; {cap.how}. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
+        sandbox_proc = subprocess.Popen(cap.wrap(argv))
         entry = pause.register(repo, sandbox_proc.pid)
         watchdog = pause.Watchdog(repo)
         broker.ready.set()
         try:
-            return sandbox_proc.wait()
+            rc = sandbox_proc.wait()
+            if rc and cap.reached():
+                print(f"autoresearch agent: the agent reached its memory limit ({cap.how}); give it more with "
+                      f"{memcap.ENV}=8G (or `none`) if it needs it", file=sys.stderr)
+            return rc
         finally:
             watchdog.close()
             entry.unlink(missing_ok=True)
     finally:
         broker.close()
+        cap.close()
