@@ -7,6 +7,7 @@ train.py changed: anything else is put back and the violation goes into the row'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from autoresearch import confine, descriptions, git, guard, ledger, memcap, proposer, sandbox, state
@@ -88,6 +90,40 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
     return "\n".join(lines)
 
 
+OUTPUT_TAIL = 64 << 10  # characters of an agent's output kept (its end, and every DESCRIPTION line): an agent that
+# prints 150 MiB grew the harness by 465 MiB when all of it was kept, outside the agent's memory limit (memcap.py)
+
+
+class Output:
+    """What the harness keeps of an agent's output, read as it comes: its last OUTPUT_TAIL characters and its
+    DESCRIPTION lines (the last 20)."""
+
+    def __init__(self, stream):
+        self.tail, self.described, self.pending = "", [], ""
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream) -> None:
+        for chunk in iter(lambda: stream.read(8192), ""):
+            self.tail = (self.tail + chunk)[-OUTPUT_TAIL:]
+            *lines, self.pending = (self.pending + chunk).split("\n")
+            self.pending = self.pending[-OUTPUT_TAIL:]
+            self.described = (self.described + [ln[:1000] for ln in lines if "DESCRIPTION:" in ln[:200]])[-20:]
+        if "DESCRIPTION:" in self.pending[:200]:
+            self.described = (self.described + [self.pending[:1000]])[-20:]
+
+    def text(self) -> str:
+        self.thread.join(timeout=10)
+        return "\n".join(self.described) + "\n" + self.tail
+
+
+def _give(stdin, prompt: str) -> None:
+    """The prompt on the agent's stdin, then end of file (in a thread: one that reads none must not block us)."""
+    with contextlib.suppress(OSError):  # an agent that reads no prompt, or has ended
+        stdin.write(prompt)
+        stdin.close()
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -133,12 +169,14 @@ class ExternalAgent:
         proc = subprocess.Popen(argv, cwd=self.workdir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.proc = proc
+        output = Output(proc.stdout)
         try:
-            out, _ = proc.communicate(None if uses_placeholder else prompt, timeout=self.timeout)
+            threading.Thread(target=_give, args=(proc.stdin, "" if uses_placeholder else prompt), daemon=True).start()
+            proc.wait(timeout=self.timeout)
+            out = output.text()
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            out, _ = proc.communicate()
-            out = (out or "") + f"\n[agent timed out after {self.timeout:.0f} s]"
+            out = output.text() + f"\n[agent timed out after {self.timeout:.0f} s]"
         except BaseException:  # Ctrl-C, or the harness stopping: the agent and its children stop with it
             _kill_group(proc)
             raise

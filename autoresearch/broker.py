@@ -107,6 +107,12 @@ def check(argv: list[str], repo: Path, parser: argparse.ArgumentParser) -> list[
     return line
 
 
+# What the agent can make the harness hold outside its memory limit (memcap.py), bounded: a red team held 201 MiB
+# in the broker with one request that never ended its line, and 302 MiB with 8 `wait`s (a harness process each)
+MAX_REQUEST = 64 << 10  # bytes of one request line: an argv of the CLI's is far shorter
+MAX_COMMANDS = 4        # commands in flight at once (an agent runs one, with a `wait` or `status` beside it)
+
+
 class Broker:
     """The broker of one `autoresearch agent`: serve() in a thread, close() at the end. Every request is a JSON
     line {"argv": [...]}; the answer is JSON lines {"out": text} and a last {"rc": exit status}."""
@@ -119,6 +125,7 @@ class Broker:
         self.sock.bind(str(self.dir / "socket" / SOCKET_NAME))
         self.sock.listen(8)
         self.ready = threading.Event()  # set once the agent's sandbox is registered (start)
+        self.slots = threading.BoundedSemaphore(MAX_COMMANDS)
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -128,7 +135,21 @@ class Broker:
                 conn, _ = self.sock.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+            if not self.slots.acquire(blocking=False):
+                with conn, contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"out": f"error: the broker runs at most {MAX_COMMANDS} commands at once; "
+                                                    "wait for one to end\n"}).encode() + b"\n"
+                                 + json.dumps({"rc": 2}).encode() + b"\n")
+                continue
+            threading.Thread(target=self._answer_in_slot, args=(conn,), daemon=True).start()
+
+    def _answer_in_slot(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        except OSError:  # the agent hung up
+            pass
+        finally:
+            self.slots.release()
 
     def _answer(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rwb") as stream:
@@ -139,7 +160,10 @@ class Broker:
                 except OSError:  # the agent stopped listening (its tool timed out): the command goes on
                     pass
             try:
-                request = json.loads(stream.readline() or b"{}")
+                line = stream.readline(MAX_REQUEST + 1)
+                if len(line) > MAX_REQUEST:
+                    raise BrokerError(f"a request is one JSON line of at most {MAX_REQUEST} bytes")
+                request = json.loads(line or b"{}")
                 argv = request.get("argv")
                 if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
                     raise BrokerError("a request is one JSON line {\"argv\": [strings]}")
@@ -220,7 +244,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             None if Path(w).exists() else f"--allow {w}: no such file or directory")
         if problem:
             raise errors.HarnessError(problem)
-    cap = memcap.Cap(f"broker-{os.getpid()}")  # what it holds while paused is bounded (memcap.py)
+    cap = memcap.Cap("broker")  # what it holds while paused is bounded (memcap.py)
     broker = Broker(repo, parser)
     try:
         private = broker.dir / "state"

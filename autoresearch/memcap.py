@@ -10,8 +10,12 @@ inside the sandbox, not outside, when it would go beyond.
 
 How (`Cap`, nanochat's way: the mechanism and the reason it was chosen):
 - cgroup v1 with a writable memory hierarchy (root, a container that mounts it): a child of this process's memory
-  cgroup, its limit set, the sandbox started inside it (`sh -c 'echo $$ > cgroup.procs; exec ...'`: no process of
-  the sandbox starts outside it), removed when the sandbox has ended;
+  cgroup holding the limit (and the same limit on memory and swap together, where swap is accounted), and the
+  sandbox started in a child of that one (`sh -c 'echo $$ > cgroup.procs; exec ...'`: no process of the sandbox
+  starts outside it). Two levels because v1 has no delegation guard: an agent that unshares a cgroup namespace
+  and mounts the memory hierarchy sees its own cgroup as the root and, root underneath, could raise that one's
+  limit (a red team did: 128 MiB to 1 GiB, then held 300 MiB); the limit it cannot see holds. Removed, deepest
+  first (the agent may make children), when the sandbox has ended;
 - cgroup v2 under systemd (a desktop, a workstation): `systemd-run --scope -p MemoryMax=...` (`--user` unless
   root), the scope gone when the sandbox ends;
 - neither: no limit, and the reason says so (the command prints it; docs/integrity.md lists the hole).
@@ -103,42 +107,49 @@ class Cap:
             return
         size = f"{self.bytes / (1 << 30):.1f} GiB"
         parent = v1_parent()
+        problem = ""
         if parent is not None:
             sweep(parent)
-            self.dir = parent / f"{PREFIX}{name}"
-            self.dir.mkdir(exist_ok=True)
-            (self.dir / "memory.limit_in_bytes").write_text(str(self.bytes))
-            self.prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.dir)]
-            self.how = f"memory limited to {size} (a cgroup v1 of its own, {self.dir})"
-        elif systemd_scope_works(user=os.geteuid() != 0):
+            self.dir = parent / f"{PREFIX}{os.getpid()}-{name}-{time.monotonic_ns()}"  # a new one, never joined
+            try:
+                self.dir.mkdir()
+                hierarchy = self.dir / "memory.use_hierarchy"  # a child's pages count here (always, since 5.11)
+                if hierarchy.exists() and hierarchy.read_text().strip() != "1":
+                    hierarchy.write_text("1")
+                (self.dir / "memory.limit_in_bytes").write_text(str(self.bytes))
+                with contextlib.suppress(FileNotFoundError):  # present where swap is accounted
+                    (self.dir / "memory.memsw.limit_in_bytes").write_text(str(self.bytes))
+                (self.dir / "sandbox").mkdir()
+            except OSError as e:
+                problem = f"; a cgroup v1 could not be made ({e})"
+                self.close()
+                self.dir = None
+            else:
+                self.prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.dir / "sandbox")]
+                self.how = f"memory limited to {size} (a cgroup v1 of its own, {self.dir})"
+                return
+        if systemd_scope_works(user=os.geteuid() != 0):
             self.prefix = ["systemd-run", *(["--user"] if os.geteuid() else []), "--scope", "--quiet",
                            "-p", f"MemoryMax={self.bytes}", "-p", "MemorySwapMax=0", "--"]
             self.how = f"memory limited to {size} (a systemd scope)"
         else:
             self.how = ("NO memory limit: no writable memory cgroup (v1) and no systemd scope (v2) here, so what it "
-                        "holds while paused (its /tmp included) is not bounded (docs/integrity.md)")
+                        f"holds while paused (its /tmp included) is not bounded (docs/integrity.md){problem}")
 
     def wrap(self, argv: list[str]) -> list[str]:
         return self.prefix + argv
 
     def reached(self) -> bool:
         """Whether the sandbox ever reached its limit (the kernel then reclaims, or kills inside it)."""
-        try:
-            return self.dir is not None and int((self.dir / "memory.failcnt").read_text()) > 0
+        try:  # its peak at the limit (the counters of failures and kills are kept where it was hit, or not at all)
+            return self.dir is not None and int((self.dir / "memory.max_usage_in_bytes").read_text()) >= \
+                self.bytes - (1 << 20)
         except (OSError, ValueError):
             return False
 
     def close(self) -> None:
-        if self.dir is None:
-            return
-        for _ in range(50):  # its last processes may take a moment to leave
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    self.dir.rmdir()
-                except OSError:
-                    time.sleep(0.1)
-                    continue
-            return
+        if self.dir is not None:
+            remove(self.dir, tries=50)  # its last processes may take a moment to leave
 
     def __enter__(self) -> Cap:
         return self
@@ -147,9 +158,29 @@ class Cap:
         self.close()
 
 
+def remove(cgroup: Path, tries: int = 1) -> bool:
+    """Remove a cgroup and the children made in it, deepest first; False if a process still holds one (the kernel
+    refuses), after `tries` tries a tenth of a second apart."""
+    for attempt in range(tries):
+        if not cgroup.exists():
+            return True
+        try:
+            for child in sorted((d for d in cgroup.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+                child.rmdir()
+            cgroup.rmdir()
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            if attempt + 1 < tries:
+                time.sleep(0.1)
+    return not cgroup.exists()
+
+
 def sweep(parent: Path) -> None:
-    """Remove the empty cgroups of sandboxes whose command died before removing them (a non-empty one is
-    refused by the kernel and stays)."""
+    """Remove the cgroups of sandboxes whose command died before removing them: those named by a process that is
+    gone (another command's, being made or in use, is left alone; one a process still holds is refused)."""
     for stale in parent.glob(PREFIX + "*"):
-        with contextlib.suppress(OSError):
-            stale.rmdir()
+        pid = stale.name[len(PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            remove(stale)

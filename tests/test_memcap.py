@@ -22,6 +22,22 @@ FILL = textwrap.dedent("""
             f.flush()
     print("HELD", flush=True)
 """)
+# the agent raises its own limit: a cgroup namespace of its own, the memory hierarchy mounted there (its cgroup the
+# root), and the limit written (root underneath: the files are its uid's); then it fills /tmp as above
+RAISE = textwrap.dedent("""
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000 | 0x00020000 | 0x02000000) == 0:  # user, mount, cgroup namespaces
+        os.makedirs("/tmp/cg", exist_ok=True)
+        libc.mount(b"none", b"/", None, 0x40000 | 0x4000, None)
+        if libc.mount(b"cgroup", b"/tmp/cg", b"cgroup", 0, b"memory") == 0:
+            try:
+                open("/tmp/cg/memory.limit_in_bytes", "w").write(str(1 << 30))
+            except OSError as e:
+                print("refused", e)
+            print("RAISED to", open("/tmp/cg/memory.limit_in_bytes").read().strip(), flush=True)
+    exec(open("fill.py").read())
+""")
 MIB = 300  # written by the agent; the limit in the tests is 128 MiB
 
 
@@ -63,6 +79,12 @@ def test_a_sandbox_without_a_limit_holds_what_it_wrote_and_with_one_it_cannot(tm
         capped = subprocess.run(cap.wrap(argv), capture_output=True, text=True, timeout=120)
     assert capped.returncode != 0 and "HELD" not in capped.stdout, (capped.returncode, capped.stdout)
     assert cap.dir is None or not cap.dir.exists()  # removed once the sandbox ended
+    (tmp_path / "raise.py").write_text(RAISE)
+    with memcap.Cap("test") as cap:
+        raised = subprocess.run(cap.wrap(confine.wrap_agent([sys.executable, "raise.py", str(MIB)], tmp_path)),
+                                capture_output=True, text=True, timeout=120)
+    assert raised.returncode != 0 and "HELD" not in raised.stdout, (raised.returncode, raised.stdout)
+    assert not cap.dir.exists()
 
 
 def test_autoresearch_agent_starts_its_agent_inside_the_limit(repo, env, capped_or_skip):
@@ -77,3 +99,27 @@ def test_autoresearch_agent_starts_its_agent_inside_the_limit(repo, env, capped_
     proc = cli(repo, "agent", "--", sys.executable, "fill.py", "16", env=dict(env, **{memcap.ENV: "128M"}),
                timeout=120)  # what an agent needs, it has
     assert proc.returncode == 0 and "HELD" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_what_the_harness_keeps_for_an_agent_is_bounded(tmp_path):
+    """Outside its limit: the loop keeps the end of an agent's output and its DESCRIPTION lines, not all of it;
+    the broker reads a request line of at most MAX_REQUEST bytes (a red team held 465 and 201 MiB that way)."""
+    import io
+    import json
+    import socket
+
+    from autoresearch import agents, broker, cli as cli_module
+    flood = "DESCRIPTION: the first try\n" + ("x" * 999 + "\n") * 5000 + "DESCRIPTION: halve the MLP\nbye"
+    out = agents.Output(io.StringIO(flood)).text()
+    assert len(out) < 2 * agents.OUTPUT_TAIL and out.endswith("bye")
+    assert out.splitlines()[:2] == ["DESCRIPTION: the first try", "DESCRIPTION: halve the MLP"]
+    server = broker.Broker(tmp_path, cli_module.build_parser())
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(server.dir / "socket" / broker.SOCKET_NAME))
+            conn.sendall(b"x" * (broker.MAX_REQUEST + 10))
+            conn.shutdown(socket.SHUT_WR)  # without the bound, the whole line is read (and fails as JSON)
+            answer = conn.makefile("rb").read().decode()
+        assert "at most" in answer and json.loads(answer.splitlines()[-1]) == {"rc": 2}, answer
+    finally:
+        server.close()
