@@ -11,7 +11,12 @@ categorical). Which move, a Thompson-sampling bandit decides:
    the arm, one keep, or one failure (a discard, a pruned or crashed run), or half of each for a discard whose
    paired effect was better than its champion (a gain too small to be sure of); a failure against an earlier
    champion counts half (the move may pay now); the arm with the highest draw moves, to a variant not yet
-   tried against the current champion if it has one.
+   tried against the current champion if it has one. The model's size is judged by what the budget lets it
+   see: where the champion's runs trained far fewer tokens per parameter than compute-optimal training does
+   (TOKENS_PER_PARAM, FIT_BAND), a move that makes it smaller (DEPTH or MODEL_DIM down) gets the prior of a
+   move back to the record and one that makes it larger the prior of a move away; far more, the other way
+   round (a 15 s night on 2 cores: ~0.1 tokens per parameter; its TPE arm gained 5 noises by halving DEPTH,
+   which the researcher, every arm's prior alike, never tried in 21 experiments: BENCHMARKS.md).
 A move that failed is worth another look once the champion has changed (issue 33: ReLU squared, discarded while
 the head's init was still broken, was never tried again after the init was repaired): the record's choices of
 step 1 are tried again once after a keep, and "tried" in step 3 means tried against this champion. A constant
@@ -35,13 +40,16 @@ from pathlib import Path
 
 from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
-from autoresearch.space import SPACES, consequences, steps
+from autoresearch.space import SIZE_ARMS, SPACES, consequences, parameters, steps
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, RECORD_TRIES; then by its record)
 PRIOR_AWAY = (1, 4)       # away from it
 PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
 RECORD_TRIES = 2          # a move back to the record's choice: tried first, and once more after a keep
 OLD_FAILURE = 0.5         # the weight of a failure against an earlier champion in an arm's belief
+TOKENS_PER_PARAM = 20     # compute-optimal training sees about 20 tokens per parameter (Hoffmann et al. 2022)
+FIT_BAND = 8              # a champion more than this factor off it: its size moves toward it are favoured (the
+                          # cpu default at 300 s trains ~5.4 a parameter; 3 layers there lost on 3 of 3 seeds, +0.010)
 
 
 # --- what the ledger says about moves --------------------------------------------------------------------------
@@ -103,6 +111,35 @@ def history(rows) -> list[Experiment]:
             comparison = decide.compare(seeded, e.config, e.parent, residual)
             e.effect = -comparison.diff if comparison else means[e.config] - means[e.parent]
     return list(found.values())
+
+
+def tokens_per_parameter(rows, config: str, source: str, profile: str) -> float | None:
+    """Tokens a full run of `config` (a train.py blob; `source` its text) trained per parameter outside the
+    embeddings: its runs' median steps times TOTAL_BATCH_SIZE over space.parameters. None without a finished
+    full run or readable constants."""
+    done = sorted(r.steps for r in rows if r.config == config and r.steps > 0
+                  and r.status not in ("crash", "pruned", "refused") and not decide.is_interruption(r))
+    try:
+        values = read_constants(source, profile)
+    except EditError:
+        return None
+    params, batch = parameters(values), values.get("TOTAL_BATCH_SIZE")
+    if not done or not params or not isinstance(batch, int) or batch <= 0:
+        return None
+    return done[len(done) // 2] * batch / params
+
+
+def size_prior(move, fit: float | None) -> tuple[int, int]:
+    """A move's prior, the model's size judged by `fit` (tokens_per_parameter of the champion)."""
+    if fit is None or move.arm not in SIZE_ARMS or move.direction not in ("up", "down"):
+        return move.prior
+    if fit < TOKENS_PER_PARAM / FIT_BAND:
+        toward = "down"
+    elif fit > TOKENS_PER_PARAM * FIT_BAND:
+        toward = "up"
+    else:
+        return move.prior
+    return PRIOR_TOWARDS if move.direction == toward else PRIOR_AWAY
 
 
 # --- moves --------------------------------------------------------------------------------------------------------
@@ -184,7 +221,7 @@ class Proposer:
         return description
 
     def allowed(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[list[Move], list]:
-        rows = ledger.read(state.results(self.repo), self.tag)
+        rows = self.rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
         past = history(rows)
         kept = decide.champion(rows)
@@ -213,6 +250,7 @@ class Researcher(Proposer):
         found, past = self.allowed(source, running, in_flight)
         decided = [e for e in past if e.outcome != "open" and e.arm]
         champion = self.champion
+        fit = tokens_per_parameter(self.rows, git.blob_of(source), source, self.profile)
 
         def same(e: Experiment, m: Move) -> bool:
             return e.arm == m.arm and _same_move(e.params, m.params)
@@ -247,8 +285,8 @@ class Researcher(Proposer):
             raise RuntimeError("the built-in proposer has no untried move left from this train.py")
         best, best_draw = None, -1.0
         for arm in sorted(arms):
-            options = arms[arm]
-            move = self.rng.choice([m for m in options if not tried_here(m)] or options)
+            options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
+            move = self.rng.choice([m for m in options if size_prior(m, fit) == PRIOR_TOWARDS] or options)
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
             keeps = fails = 0.0
@@ -262,7 +300,8 @@ class Researcher(Proposer):
                     keeps, fails = keeps + 0.5, fails + 0.5 * weight  # better, but not surely
                 else:
                     fails += weight
-            draw = self.rng.betavariate(move.prior[0] + keeps, move.prior[1] + fails)
+            prior = size_prior(move, fit)
+            draw = self.rng.betavariate(prior[0] + keeps, prior[1] + fails)
             if draw > best_draw:
                 best, best_draw = move, draw
         return best.source, best.description
@@ -320,6 +359,14 @@ def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: 
         lines.append(f"- {e.description}: {e.outcome}{effect} ({e.runs} run{'s' if e.runs != 1 else ''})")
     if not past:
         lines.append("- nothing yet")
+    fit = tokens_per_parameter(rows, git.blob_of(source), source, profile)
+    if fit is not None:
+        lines.append(f"\n## The model's size for the budget\n- this train.py's runs trained {fit:.3g} tokens per "
+                     f"parameter outside the embeddings (steps x TOTAL_BATCH_SIZE / 12 DEPTH MODEL_DIM^2); "
+                     f"compute-optimal training sees about {TOKENS_PER_PARAM} (Hoffmann et al. 2022): "
+                     + ("a smaller model may use the budget better" if fit < TOKENS_PER_PARAM / FIT_BAND else
+                        "a larger model may use the budget better" if fit > TOKENS_PER_PARAM * FIT_BAND else
+                        "its size is about right for the budget"))
     how = ("`autoresearch ideas --apply NAME key=value` writes one into train.py" if command
            else "each a change to train.py")
     lines.append(f"\n## The idea catalog (autoresearch/ideas.py; {how}; describe it as `idea NAME: key=value`)")

@@ -35,6 +35,19 @@ SPACES = {
 }
 
 
+SIZE_ARMS = ("tune DEPTH", "tune MODEL_DIM")  # the moves that make the model smaller (down) or larger (up)
+
+
+def parameters(values: dict) -> int | None:
+    """The model's parameters outside its embeddings, about 12 * DEPTH * MODEL_DIM**2 (attention 4 d^2, an MLP of
+    4x 8 d^2 per block: the count scaling laws use, Kaplan et al. 2020), from train.py's constants; None where
+    they are not plain numbers."""
+    depth, dim = values.get("DEPTH"), values.get("MODEL_DIM")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (depth, dim)):
+        return None
+    return 12 * depth * dim * dim
+
+
 def rounded(value):
     if isinstance(value, float) and value != 0:
         return float(f"{value:.3g}")
