@@ -117,8 +117,7 @@ def tokens_per_parameter(rows, config: str, source: str, profile: str) -> float 
     """Tokens a full run of `config` (a train.py blob; `source` its text) trained per parameter outside the
     embeddings: its runs' median steps times TOTAL_BATCH_SIZE over space.parameters. None without a finished
     full run or readable constants."""
-    done = sorted(r.steps for r in rows if r.config == config and r.steps > 0
-                  and r.status not in ("crash", "pruned", "refused") and not decide.is_interruption(r))
+    done = sorted(r.steps for r in decide.finished(rows) if r.key == config and r.steps > 0)
     try:
         values = read_constants(source, profile)
     except EditError:
@@ -129,15 +128,20 @@ def tokens_per_parameter(rows, config: str, source: str, profile: str) -> float 
     return done[len(done) // 2] * batch / params
 
 
+def size_direction(fit: float | None) -> str:
+    """"down" (a smaller model), "up" (a larger one) or "" (about right, or unknown), judged by `fit`
+    (tokens_per_parameter of the champion) against compute-optimal training."""
+    if fit is not None and fit < TOKENS_PER_PARAM / FIT_BAND:
+        return "down"
+    if fit is not None and fit > TOKENS_PER_PARAM * FIT_BAND:
+        return "up"
+    return ""
+
+
 def size_prior(move, fit: float | None) -> tuple[int, int]:
-    """A move's prior, the model's size judged by `fit` (tokens_per_parameter of the champion)."""
-    if fit is None or move.arm not in SIZE_ARMS or move.direction not in ("up", "down"):
-        return move.prior
-    if fit < TOKENS_PER_PARAM / FIT_BAND:
-        toward = "down"
-    elif fit > TOKENS_PER_PARAM * FIT_BAND:
-        toward = "up"
-    else:
+    """A move's prior, the model's size judged by `fit` (size_direction)."""
+    toward = size_direction(fit)
+    if not toward or move.arm not in SIZE_ARMS or move.direction not in ("up", "down"):
         return move.prior
     return PRIOR_TOWARDS if move.direction == toward else PRIOR_AWAY
 
@@ -364,9 +368,9 @@ def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: 
         lines.append(f"\n## The model's size for the budget\n- this train.py's runs trained {fit:.3g} tokens per "
                      f"parameter outside the embeddings (steps x TOTAL_BATCH_SIZE / 12 DEPTH MODEL_DIM^2); "
                      f"compute-optimal training sees about {TOKENS_PER_PARAM} (Hoffmann et al. 2022): "
-                     + ("a smaller model may use the budget better" if fit < TOKENS_PER_PARAM / FIT_BAND else
-                        "a larger model may use the budget better" if fit > TOKENS_PER_PARAM * FIT_BAND else
-                        "its size is about right for the budget"))
+                     + {"down": "a smaller model may use the budget better",
+                        "up": "a larger model may use the budget better"}.get(size_direction(fit),
+                                                                              "its size is about right for the budget"))
     how = ("`autoresearch ideas --apply NAME key=value` writes one into train.py" if command
            else "each a change to train.py")
     lines.append(f"\n## The idea catalog (autoresearch/ideas.py; {how}; describe it as `idea NAME: key=value`)")
