@@ -16,7 +16,10 @@ categorical). Which move, a Thompson-sampling bandit decides:
    (TOKENS_PER_PARAM, FIT_BAND), a move that makes it smaller (DEPTH or MODEL_DIM down) gets the prior of a
    move back to the record and one that makes it larger the prior of a move away; far more, the other way
    round (a 15 s night on 2 cores: ~0.1 tokens per parameter; its TPE arm gained 5 noises by halving DEPTH,
-   which the researcher, every arm's prior alike, never tried in 21 experiments: BENCHMARKS.md).
+   which the researcher, every arm's prior alike, never tried in 21 experiments: BENCHMARKS.md). There a size
+   arm also offers halving and doubling (DEPTH 4 -> 2, MODEL_DIM 128 -> 64) and moves by the step that comes
+   nearest compute-optimal without passing it (size_step): one layer fewer was below a 15 s run's noise and
+   took 3-4 runs to discard.
 A move that failed is worth another look once the champion has changed (issue 33: ReLU squared, discarded while
 the head's init was still broken, was never tried again after the init was repaired): the record's choices of
 step 1 are tried again once after a keep, and "tried" in step 3 means tried against this champion. A constant
@@ -34,13 +37,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.edit import EditError, read_constants, set_constants
-from autoresearch.space import SIZE_ARMS, SPACES, consequences, parameters, steps
+from autoresearch.space import SIZE_ARMS, SPACES, consequences, parameters, size_steps, steps
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, RECORD_TRIES; then by its record)
 PRIOR_AWAY = (1, 4)       # away from it
@@ -138,6 +142,23 @@ def size_direction(fit: float | None) -> str:
     return ""
 
 
+def size_step(moves: list, values: dict, fit: float) -> Move | None:
+    """Among `moves` (size moves from the champion, whose constants are `values`), the one whose parameter count
+    comes nearest compute-optimal without passing it, else the smallest: at a fixed compute C ~ 6 N D, a model
+    that sees `fit` tokens per parameter is sqrt(fit / TOKENS_PER_PARAM) times the compute-optimal size."""
+    before = parameters(values)
+    if not before or not fit or fit <= 0 or not moves:
+        return None
+    want = 0.5 * math.log(fit / TOKENS_PER_PARAM)  # log of the factor on the parameters that would be optimal
+
+    def share(m: Move) -> float:  # the part of the way to compute-optimal this move goes (1: all of it)
+        after = parameters({**values, **{k: v for k, v in m.params.items() if k != "from"}})
+        return math.log(after / before) / want if after and want else 0.0
+
+    short = [m for m in moves if 0 < share(m) <= 1]
+    return max(short, key=share) if short else min(moves, key=share)
+
+
 def size_prior(move, fit: float | None) -> tuple[int, int]:
     """A move's prior, the model's size judged by `fit` (size_direction)."""
     toward = size_direction(fit)
@@ -157,6 +178,7 @@ class Move:
     prior: tuple[int, int] = PRIOR_NEUTRAL
     direction: str = ""  # a constant's: up or down
     fine: bool = False   # a constant's half step (offered once no full step is left and one failed: Researcher)
+    coarse: bool = False  # a size constant's halving or doubling (offered toward the size the budget suits)
 
 
 @functools.lru_cache(maxsize=8)
@@ -189,8 +211,11 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
     for name, dist in SPACES[profile].items():
         if name not in values:
             continue
-        for fine in (False, True):
-            for value, direction in steps(dist, values[name], fine):
+        size = f"tune {name}" in SIZE_ARMS
+        for fine, coarse, offered in ((False, False, steps(dist, values[name])),
+                                      (True, False, steps(dist, values[name], fine=True)),
+                                      (False, True, size_steps(dist, values[name]) if size else [])):
+            for value, direction in offered:
                 changes = {name: value}
                 changes.update(consequences(changes, values, seq_len))
                 try:
@@ -202,7 +227,7 @@ def moves(source: str, profile: str, seq_len: int) -> tuple[Move, ...]:
                 sources.add(new)
                 out.append(Move(f"tune {name}", {name: value, "from": values[name]}, new,
                                 descriptions.constants_text((k, values.get(k), v) for k, v in changes.items()),
-                                direction=direction, fine=fine))
+                                direction=direction, fine=fine, coarse=coarse))
     return tuple(out)
 
 
@@ -255,6 +280,7 @@ class Researcher(Proposer):
         decided = [e for e in past if e.outcome != "open" and e.arm]
         champion = self.champion
         fit = tokens_per_parameter(self.rows, git.blob_of(source), source, self.profile)
+        values = read_constants(source, self.profile)
 
         def same(e: Experiment, m: Move) -> bool:
             return e.arm == m.arm and _same_move(e.params, m.params)
@@ -274,15 +300,19 @@ class Researcher(Proposer):
             name = last.arm.split(" ", 1)[1]
             way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
             for m in found:
-                if m.arm == last.arm and m.direction == way and not m.fine:
+                if m.arm == last.arm and m.direction == way and not m.fine and not m.coarse:
                     return m.source, m.description
         # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
         # a half step (a value between) once no full step of its constant is left to try from this champion
         # (run, or rebuilding the champion before it) and one failed against it
         full_left = {m.arm for m in found if not m.fine}
         failed_here = {e.arm for e in decided if e.parent == champion and e.outcome != "keep"}
+        # a halving or doubling of the model's size, toward the size the budget suits where it is far from it
+        toward = size_direction(fit)
         arms: dict[str, list[Move]] = {}
         for m in found:
+            if m.coarse and m.direction != toward:
+                continue
             if not m.fine or (m.arm not in full_left and m.arm in failed_here):
                 arms.setdefault(m.arm, []).append(m)
         if not arms:
@@ -290,7 +320,9 @@ class Researcher(Proposer):
         best, best_draw = None, -1.0
         for arm in sorted(arms):
             options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
-            move = self.rng.choice([m for m in options if size_prior(m, fit) == PRIOR_TOWARDS] or options)
+            favoured = [m for m in options if size_prior(m, fit) == PRIOR_TOWARDS]
+            move = ((arm in SIZE_ARMS and size_step(favoured, values, fit))
+                    or self.rng.choice(favoured or options))
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
             keeps = fails = 0.0
@@ -324,7 +356,8 @@ class RandomSearch(Proposer):
 
     def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
         found, _ = self.allowed(source, running, in_flight)
-        found = [m for m in found if not m.fine] or found  # the reference's space as before the half steps
+        # the reference's space as before the half steps and the size prior's halvings
+        found = [m for m in found if not m.fine and not m.coarse] or found
         arm = self.rng.choice(sorted({m.arm for m in found}))
         move = self.rng.choice([m for m in found if m.arm == arm])
         return move.source, move.description

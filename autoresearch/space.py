@@ -98,6 +98,21 @@ def steps(dist, value, fine: bool = False) -> list[tuple[object, str]]:
     return [(v, d) for v, d in out if in_space(dist, v) and v != value]
 
 
+def size_steps(dist, value) -> list[tuple[object, str]]:
+    """A size constant's halving and doubling (DEPTH 4 -> 2 or 8; MODEL_DIM 128 -> 64 or 256, the nearest
+    choice): the steps the researcher takes first where the model is far from the size its budget suits."""
+    if isinstance(dist, CategoricalDistribution):
+        if value not in dist.choices or not isinstance(value, (int, float)) or value <= 0:
+            return []
+        nearest = [min(dist.choices, key=lambda c: abs(math.log(c / target))) for target in (value / 2, value * 2)]
+    elif isinstance(dist, IntDistribution) and in_space(dist, value):
+        nearest = [max(1, round(value / 2)), int(value) * 2]
+    else:
+        return []
+    out = [(nearest[0], "down"), (nearest[1], "up")]
+    return [(v, d) for v, d in out if in_space(dist, v) and v != value]
+
+
 def consequences(changes: dict, current: dict, seq_len: int) -> dict:
     """Other constants that must follow `changes`, so that train.py's own checks hold: HEAD_DIM divides
     MODEL_DIM, DEVICE_BATCH_SIZE rows divide TOTAL_BATCH_SIZE."""

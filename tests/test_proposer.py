@@ -273,14 +273,36 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
         for seed in range(30):
             move = next(m for m in proposer.moves(source, "cpu", SEQ)
                         if m.description == researcher(repo, seed).propose_source(source)[1])
-            picks[move.direction if move.arm in ("tune DEPTH", "tune MODEL_DIM") else "other"] += 1
+            size = move.arm in ("tune DEPTH", "tune MODEL_DIM")
+            picks[move.direction if size else "other"] += 1
+            picks["halved"] += size and move.params[move.arm[5:]] * 2 == move.params["from"]
         return picks
 
     small = first_moves()
     assert small["down"] >= 15 and small["up"] <= 2, small
+    # so far below, a step of one layer or a quarter of the width is lost in a short run's noise: it halves
+    assert small["halved"] == small["down"], small
     # far above (a long budget, a small model): larger first; near 20: as any other move
     size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm in ("tune DEPTH", "tune MODEL_DIM")]
+    values = read_constants(source, "cpu")
+    # nearer, the step that does not pass compute-optimal: 2 tokens a parameter wants ~0.3x the parameters,
+    # which DEPTH 4 -> 2 (0.5x) does not pass and MODEL_DIM 128 -> 64 (0.25x) would
+    down = {m.arm: [x for x in size if x.arm == m.arm and x.direction == "down"] for m in size}
+    assert proposer.size_step(down["tune DEPTH"], values, 2.0).params["DEPTH"] == 2
+    assert proposer.size_step(down["tune MODEL_DIM"], values, 2.0).params["MODEL_DIM"] == 96
     assert {m.direction for m in size} == {"up", "down"}
     for m in size:
         assert proposer.size_prior(m, 400.0) == (proposer.PRIOR_TOWARDS if m.direction == "up" else proposer.PRIOR_AWAY)
         assert proposer.size_prior(m, 20.0) == proposer.PRIOR_NEUTRAL == proposer.size_prior(m, None)
+
+
+def test_near_the_size_its_budget_suits_a_size_move_never_halves(repo, tag):
+    """Near compute-optimal (20 tokens per parameter) halving or doubling DEPTH or MODEL_DIM is never offered: the
+    researcher steps by one layer or the neighbouring width, as it does any constant."""
+    source = (repo / "train.py").read_text()
+    steps = 20 * 12 * 4 * 128 ** 2 // 2048  # 20 tokens a parameter at TOTAL_BATCH_SIZE 2048
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3, steps=steps)
+    coarse = {m.description for m in proposer.moves(source, "cpu", SEQ) if m.coarse}
+    assert coarse == {"DEPTH 4 -> 2", "DEPTH 4 -> 8", "MODEL_DIM 128 -> 64", "MODEL_DIM 128 -> 256"}
+    proposed = {researcher(repo, seed).propose_source(source)[1] for seed in range(40)}
+    assert len(proposed) > 5 and not proposed & coarse, proposed
