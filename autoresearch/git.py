@@ -29,6 +29,22 @@ def blob_of(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()[:12]
 
 
+def parent_blobs(repo: Path, commits, path: str) -> dict[str, str]:
+    """The blob (12 hex digits) of `path` in each of `commits`' first parent, in one git call; a commit without a
+    parent, or without `path` there, is left out."""
+    commits = list(dict.fromkeys(c for c in commits if c))
+    if not commits:
+        return {}
+    proc = subprocess.run(["git", "cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=repo, text=True,
+                          capture_output=True, input="".join(f"{c}^:{path}\n" for c in commits))
+    found = {}
+    for commit, line in zip(commits, proc.stdout.splitlines()):
+        name, _, kind = line.partition(" ")
+        if kind == "blob":
+            found[commit] = name[:12]
+    return found
+
+
 def toplevel(path: Path) -> Path:
     proc = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=path, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -88,8 +88,11 @@ def parse_move(description: str) -> tuple[str, dict]:
         return f"tune {name}", {}
 
 
-def history(rows) -> list[Experiment]:
-    """One Experiment per configuration of the tag, in the order they began, with how they ended."""
+def history(rows, made_from: dict[str, str] | None = None) -> list[Experiment]:
+    """One Experiment per configuration of the tag, in the order they began, with how they ended. made_from: the
+    configuration each commit was made from (git.parent_blobs), its `parent` where that one ran before it; else
+    the champion at its first row (in a parallel loop a keep may land between a proposal and its first row)."""
+    made_from = made_from or {}
     found: dict[str, Experiment] = {}
     means = {k: sum(v) / len(v) for k, v in decide.samples(rows).items()}
     champion = None
@@ -98,8 +101,9 @@ def history(rows) -> list[Experiment]:
             continue
         if r.key not in found:
             arm, params = parse_move(r.description)
+            parent = made_from.get(r.commit, "")
             found[r.key] = Experiment(r.key, descriptions.move_text(r.description), arm, params,
-                                      champion.key if champion else "")
+                                      parent if parent in found else champion.key if champion else "")
         e = found[r.key]
         e.runs += r.status != "crash"
         if r.status in ("keep", "discard", "crash", "pruned"):
@@ -252,7 +256,7 @@ class Proposer:
     def allowed(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[list[Move], list]:
         rows = self.rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
-        past = history(rows)
+        past = history(rows, git.parent_blobs(self.repo, [r.commit for r in rows], state.EDITABLE))
         kept = decide.champion(rows)
         self.champion = kept.key if kept else ""  # what the branch holds (a parallel keep may end out of order)
         # every train.py the tag ran, a refused one included (a lasting refusal must not be proposed again)

@@ -306,3 +306,22 @@ def test_near_the_size_its_budget_suits_a_size_move_never_halves(repo, tag):
     assert coarse == {"DEPTH 4 -> 2", "DEPTH 4 -> 8", "MODEL_DIM 128 -> 64", "MODEL_DIM 128 -> 256"}
     proposed = {researcher(repo, seed).propose_source(source)[1] for seed in range(40)}
     assert len(proposed) > 5 and not proposed & coarse, proposed
+
+
+def test_a_proposal_s_parent_is_the_champion_it_changed_though_another_was_kept_before_it_ran(repo, tag):
+    """The parallel loop: a proposal made from the baseline, a keep landing before its first row. Its effect and
+    whether its move was tried against the new champion are counted against the train.py it changed (its
+    commit's git parent), not the champion when its row came (the researcher would not try it on the new one)."""
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=2)
+    lr = set_constants(source, {"MATRIX_LR": 0.08}, "cpu")
+    proposed = git.commit_with(repo, sh(repo, "git", "rev-parse", "HEAD"), "train.py", lr, "MATRIX_LR 0.04 -> 0.08")
+    deeper = set_constants(source, {"DEPTH": 5}, "cpu")
+    run_as(repo, tag, deeper, "DEPTH 4 -> 5", "keep", 1.8, n=2)
+    ledger.append(repo / "results.tsv", record.make_row(
+        tag, proposed, "MATRIX_LR 0.04 -> 0.08", "late", "discard", val_bpb=1.9, memory_gb=0.1, steps=5,
+        wall=10.0, seed=42, config=git.blob_of(lr)))
+    _, past = researcher(repo).allowed(deeper)
+    late = past[-1]
+    assert (late.arm, late.outcome) == ("tune MATRIX_LR", "discard")
+    assert late.parent == git.blob_of(source) and late.effect == pytest.approx(-0.1)  # not +0.1 against DEPTH 5
