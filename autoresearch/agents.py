@@ -82,7 +82,7 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
     profile = manifest["profile"] if manifest else prepare.default_profile()
     source = source if source is not None else (repo / state.EDITABLE).read_text(errors="replace")
     lines.append("\nDo not repeat what was tried unless something it depends on has changed since.\n"
-                 + proposer.knowledge(rows, source, profile, command=False))
+                 + proposer.knowledge(rows, source, profile, command=False, repo=repo))
     if in_flight:  # parallel workers (driver.py): propose something else
         lines += ["\n## Running now on other workers (do not propose these again)"] + [f"- {d}" for d in in_flight]
     if last_outcome is not None and last_outcome.row.status == "crash":

@@ -93,4 +93,4 @@ def ideas(repo: Path, apply: list[str] | None) -> str:
         rows = ledger.read(state.results(repo), tags.load_tag(repo).tag)
     except errors.HarnessError:  # not on an experiment branch: the catalog alone
         rows = []
-    return proposer.knowledge(rows, source, profile)
+    return proposer.knowledge(rows, source, profile, repo=repo)

@@ -64,7 +64,8 @@ class Experiment:
     description: str
     arm: str             # an idea's name, "tune NAME", or "" (the baseline, or a free-form change by an agent)
     params: dict
-    parent: str          # the champion's configuration when it began
+    parent: str          # the configuration it was made from (its commit's git parent), else the champion's
+                         # when it began
     outcome: str = "open"  # keep, discard, crash or open
     effect: float | None = None  # its mean val_bpb minus its parent's, seeds paired as decide.compare does
                                  # (negative: better)
@@ -121,6 +122,11 @@ def history(rows, made_from: dict[str, str] | None = None) -> list[Experiment]:
     return list(found.values())
 
 
+def made_from(repo: Path | None, rows) -> dict[str, str]:
+    """The configuration each row's commit was made from (history's made_from); none without a repository."""
+    return git.parent_blobs(repo, [r.commit for r in rows], state.EDITABLE) if repo else {}
+
+
 def tokens_per_parameter(rows, config: str, source: str, profile: str) -> float | None:
     """Tokens a full run of `config` (a train.py blob; `source` its text) trained per parameter outside the
     embeddings: its runs' median steps times TOTAL_BATCH_SIZE over space.parameters. None without a finished
@@ -146,12 +152,12 @@ def size_direction(fit: float | None) -> str:
     return ""
 
 
-def size_step(moves: list, values: dict, fit: float) -> Move | None:
-    """Among `moves` (size moves from the champion, whose constants are `values`), the one whose parameter count
+def size_step(options: list, values: dict, fit: float) -> Move | None:
+    """Among `options` (size moves from the champion, whose constants are `values`), the one whose parameter count
     comes nearest compute-optimal without passing it, else the smallest: at a fixed compute C ~ 6 N D, a model
     that sees `fit` tokens per parameter is sqrt(fit / TOKENS_PER_PARAM) times the compute-optimal size."""
     before = parameters(values)
-    if not before or not fit or fit <= 0 or not moves:
+    if not before or not fit or fit <= 0 or not options:
         return None
     want = 0.5 * math.log(fit / TOKENS_PER_PARAM)  # log of the factor on the parameters that would be optimal
 
@@ -159,8 +165,8 @@ def size_step(moves: list, values: dict, fit: float) -> Move | None:
         after = parameters({**values, **{k: v for k, v in m.params.items() if k != "from"}})
         return math.log(after / before) / want if after and want else 0.0
 
-    short = [m for m in moves if 0 < share(m) <= 1]
-    return max(short, key=share) if short else min(moves, key=share)
+    short = [m for m in options if 0 < share(m) <= 1]
+    return max(short, key=share) if short else min(options, key=share)
 
 
 def size_prior(move, fit: float | None) -> tuple[int, int]:
@@ -256,7 +262,7 @@ class Proposer:
     def allowed(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[list[Move], list]:
         rows = self.rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
-        past = history(rows, git.parent_blobs(self.repo, [r.commit for r in rows], state.EDITABLE))
+        past = history(rows, made_from(self.repo, rows))
         kept = decide.champion(rows)
         self.champion = kept.key if kept else ""  # what the branch holds (a parallel keep may end out of order)
         # every train.py the tag ran, a refused one included (a lasting refusal must not be proposed again)
@@ -303,9 +309,12 @@ class Researcher(Proposer):
             last = kept[-1]
             name = last.arm.split(" ", 1)[1]
             way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
-            for m in found:
-                if m.arm == last.arm and m.direction == way and not m.fine and not m.coarse:
-                    return m.source, m.description
+            again = [m for m in found if m.arm == last.arm and m.direction == way and not m.fine]
+            # still far from the size the budget suits: the step nearest it (a halving again); else a full step
+            move = ((last.arm in SIZE_ARMS and size_direction(fit) == way and size_step(again, values, fit))
+                    or next((m for m in again if not m.coarse), None))
+            if move:
+                return move.source, move.description
         # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
         # a half step (a value between) once no full step of its constant is left to try from this champion
         # (run, or rebuilding the champion before it) and one failed against it
@@ -388,11 +397,12 @@ def params_text(params: dict | None) -> str:
     return descriptions.assignments({k: v for k, v in params.items() if k != "from"})
 
 
-def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: bool = True) -> str:
+def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: bool = True,
+              repo: Path | None = None) -> str:
     """What results.tsv says was tried (each experiment's move, outcome and effect) and what the catalog offers
     from `source`: the text `autoresearch ideas` prints and the external agent's prompt carries (command=False:
-    the loop's agent runs no command, it edits train.py)."""
-    past = [e for e in history(rows) if e.config and e.description and not descriptions.is_baseline(e.description)]
+    the loop's agent runs no command, it edits train.py; repo: where each experiment's parent is read, history)."""
+    past = [e for e in history(rows, made_from(repo, rows)) if e.config and e.description and not descriptions.is_baseline(e.description)]
     lines = ["## Tried on this tag (results.tsv; effect: its mean val_bpb minus that of the champion it started "
              "from, negative is better)"]
     for e in past[-last:]:

@@ -106,7 +106,7 @@ def size_steps(dist, value) -> list[tuple[object, str]]:
             return []
         nearest = [min(dist.choices, key=lambda c: abs(math.log(c / target))) for target in (value / 2, value * 2)]
     elif isinstance(dist, IntDistribution) and in_space(dist, value):
-        nearest = [max(1, round(value / 2)), int(value) * 2]
+        nearest = [max(dist.low, (int(value) + 1) // 2), min(dist.high, int(value) * 2)]  # into the range
     else:
         return []
     out = [(nearest[0], "down"), (nearest[1], "up")]

@@ -7,7 +7,7 @@ import pytest
 
 from autoresearch import descriptions, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
-from conftest import sh
+from conftest import ROOT, sh
 
 SEQ = 32
 
@@ -325,3 +325,33 @@ def test_a_proposal_s_parent_is_the_champion_it_changed_though_another_was_kept_
     late = past[-1]
     assert (late.arm, late.outcome) == ("tune MATRIX_LR", "discard")
     assert late.parent == git.blob_of(source) and late.effect == pytest.approx(-0.1)  # not +0.1 against DEPTH 5
+    rows = ledger.read(repo / "results.tsv", "p")  # what an agent's prompt and `autoresearch ideas` say
+    assert "MATRIX_LR 0.04 -> 0.08: discard, effect -0.1000" in proposer.knowledge(rows, deeper, repo=repo)
+
+
+def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_another(repo, tag):
+    """Coordinate descent on the size: DEPTH 8 -> 4 kept while the model still trains ~0.01 tokens a parameter:
+    the next move halves again (4 -> 2), not one layer (4 -> 3), which a short run cannot tell apart."""
+    source = set_constants((repo / "train.py").read_text(), {"DEPTH": 8}, "cpu")
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=2, steps=5)
+    half = set_constants(source, {"DEPTH": 4}, "cpu")
+    run_as(repo, tag, half, "DEPTH 8 -> 4", "keep", 1.9, n=2, steps=5)
+    assert researcher(repo).propose_source(half)[1] == "DEPTH 4 -> 2"
+    # random search, the reference, keeps the space it had before the size prior: no halving, far below or not
+    coarse = {m.description for m in proposer.moves(half, "cpu", SEQ) if m.coarse}
+    drawn = {proposer.RandomSearch(repo, "p", "cpu", SEQ, seed).propose_source(half)[1] for seed in range(60)}
+    assert coarse and len(drawn) > 10 and not drawn & coarse
+
+
+def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
+    """size_step: the part of the way to compute-optimal (20 tokens a parameter, parameters ~ sqrt of it at a
+    fixed compute) each move goes; the largest that does not pass it, else the smallest."""
+    source = (ROOT / "train.py").read_text()
+    values = read_constants(source, "cpu")  # DEPTH 4, MODEL_DIM 128
+    size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm == "tune DEPTH"]
+    up, down = ([m for m in size if m.direction == d] for d in ("up", "down"))
+    assert {m.params["DEPTH"] for m in up} == {5, 8} and {m.params["DEPTH"] for m in down} == {3, 2}
+    assert proposer.size_step(up, values, 20 * 4 ** 2 * 1.01).params["DEPTH"] == 8  # 4x the parameters wanted
+    assert proposer.size_step(up, values, 20 * 1.5 ** 2).params["DEPTH"] == 5        # 1.5x: doubling passes it
+    assert proposer.size_step(down, values, 20 / 1.1 ** 2).params["DEPTH"] == 3      # all pass: the smallest
+    assert proposer.size_step(down, values, None) is None
