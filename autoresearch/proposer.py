@@ -364,13 +364,18 @@ def _greater(a, b) -> bool:
 
 
 class RandomSearch(Proposer):
-    """A move drawn uniformly: an arm, then one of its variants (the benchmark's reference arm)."""
+    """A move drawn uniformly: an arm, then one of its variants (the benchmark's reference arm), from the moves
+    the researcher may make: its half steps left out (the reference's space as before them), its halvings and
+    doublings where it has them (far from the size the budget suits, toward it)."""
     name = "random"
 
-    def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
+    def space(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> list[Move]:
         found, _ = self.allowed(source, running, in_flight)
-        # the reference's space as before the half steps and the size prior's halvings
-        found = [m for m in found if not m.fine and not m.coarse] or found
+        toward = size_direction(tokens_per_parameter(self.rows, git.blob_of(source), source, self.profile))
+        return [m for m in found if not m.fine and (not m.coarse or m.direction == toward)] or found
+
+    def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
+        found = self.space(source, running, in_flight)
         arm = self.rng.choice(sorted({m.arm for m in found}))
         move = self.rng.choice([m for m in found if m.arm == arm])
         return move.source, move.description

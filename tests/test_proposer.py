@@ -337,10 +337,10 @@ def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_anoth
     half = set_constants(source, {"DEPTH": 4}, "cpu")
     run_as(repo, tag, half, "DEPTH 8 -> 4", "keep", 1.9, n=2, steps=5)
     assert researcher(repo).propose_source(half)[1] == "DEPTH 4 -> 2"
-    # random search, the reference, keeps the space it had before the size prior: no halving, far below or not
-    coarse = {m.description for m in proposer.moves(half, "cpu", SEQ) if m.coarse}
-    drawn = {proposer.RandomSearch(repo, "p", "cpu", SEQ, seed).propose_source(half)[1] for seed in range(60)}
-    assert coarse and len(drawn) > 10 and not drawn & coarse
+    # random search, the reference, draws from the same moves: the halvings toward the size the budget suits
+    space = {m.description for m in proposer.RandomSearch(repo, "p", "cpu", SEQ).space(half)}
+    assert {"DEPTH 4 -> 2", "MODEL_DIM 128 -> 64"} <= space and not {"DEPTH 4 -> 8", "MODEL_DIM 128 -> 256"} & space
+    assert not any(m.fine for m in proposer.moves(half, "cpu", SEQ) if m.description in space)
 
 
 def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
