@@ -407,7 +407,8 @@ def knowledge(rows, source: str, profile: str = "cpu", last: int = 40, command: 
     """What results.tsv says was tried (each experiment's move, outcome and effect) and what the catalog offers
     from `source`: the text `autoresearch ideas` prints and the external agent's prompt carries (command=False:
     the loop's agent runs no command, it edits train.py; repo: where each experiment's parent is read, history)."""
-    past = [e for e in history(rows, made_from(repo, rows)) if e.config and e.description and not descriptions.is_baseline(e.description)]
+    past = [e for e in history(rows, made_from(repo, rows))
+            if e.config and e.description and not descriptions.is_baseline(e.description)]
     lines = ["## Tried on this tag (results.tsv; effect: its mean val_bpb minus that of the champion it started "
              "from, negative is better)"]
     for e in past[-last:]:
