@@ -30,18 +30,23 @@ def blob_of(text: str) -> str:
 
 
 def parent_blobs(repo: Path, commits, path: str) -> dict[str, str]:
-    """The blob (12 hex digits) of `path` in each of `commits`' first parent, in one git call; a commit without a
-    parent, or without `path` there, is left out."""
+    """The blob (12 hex digits) of `path` in the commit each of `commits` was made from, in one git call: its first
+    parent; for a commit with a second parent (commit_with's `merged`: a candidate re-committed on a branch that
+    moved), that candidate's parent. A commit without a parent, or without `path` there, is left out."""
     commits = list(dict.fromkeys(c for c in commits if c))
     if not commits:
         return {}
+    asked = "".join(f"{c}^2^:{path}\n{c}^:{path}\n" for c in commits)
     proc = subprocess.run(["git", "cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=repo, text=True,
-                          capture_output=True, input="".join(f"{c}^:{path}\n" for c in commits))
+                          capture_output=True, input=asked)
+    lines = proc.stdout.splitlines()
     found = {}
-    for commit, line in zip(commits, proc.stdout.splitlines()):
-        name, _, kind = line.partition(" ")
-        if kind == "blob":
-            found[commit] = name[:12]
+    for commit, merged, first in zip(commits, lines[::2], lines[1::2]):
+        for line in (merged, first):
+            name, _, kind = line.partition(" ")
+            if kind == "blob":
+                found[commit] = name[:12]
+                break
     return found
 
 
@@ -124,9 +129,10 @@ def blob_id(repo: Path, path: str, content: bytes) -> str:
                           capture_output=True, check=True).stdout.decode().strip()
 
 
-def commit_with(repo: Path, parent: str, path: str, content: str, message: str) -> str:
+def commit_with(repo: Path, parent: str, path: str, content: str, message: str, merged: str = "") -> str:
     """A commit object: `parent` with `path` replaced by `content`, made without touching the work tree, the
-    index or any branch (the driver of parallel workers records candidates this way; a keep moves the branch)."""
+    index or any branch (the driver of parallel workers records candidates this way; a keep moves the branch).
+    `merged`: a second parent, the commit this content was made in (a candidate kept after another keep)."""
     blob = subprocess.run(["git", "hash-object", "-w", "--stdin", "--path", path], cwd=repo, input=content,
                           capture_output=True, text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,4 +144,4 @@ def commit_with(repo: Path, parent: str, path: str, content: str, message: str) 
         tree = subprocess.run(["git", "write-tree"], cwd=repo, env=env, capture_output=True, text=True,
                               check=True).stdout.strip()
     return git(repo, "-c", "user.name=autoresearch", "-c", "user.email=autoresearch@localhost",
-               "commit-tree", tree, "-p", parent, "-m", message)
+               "commit-tree", tree, "-p", parent, *(["-p", merged] if merged else []), "-m", message)

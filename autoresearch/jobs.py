@@ -36,9 +36,10 @@ class Job:
 
 def keep_on_branch(repo: Path, job: Job) -> str:
     """Move the branch to a kept candidate: its own commit when the branch is still on its parent, else a new
-    commit of its train.py on top of the branch (a candidate kept after another one was). The commit."""
+    commit of its train.py on top of the branch (a candidate kept after another one was), the candidate's own
+    commit its second parent (what it was made from: git.parent_blobs). The commit."""
     head = git.head(repo)
     target = job.commit if head == job.parent else git.commit_with(repo, head, state.EDITABLE, job.source,
-                                                                    job.description)
+                                                                    job.description, merged=job.commit)
     git.reset_to(repo, target, state.EDITABLE)
     return target

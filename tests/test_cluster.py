@@ -217,6 +217,7 @@ def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monk
     assert keep_on_branch(repo, job(a, a_src, "a")) == a  # the branch was on its parent: fast-forward
     on_top = keep_on_branch(repo, job(b, b_src, "b"))   # kept after a: a new commit on top of a
     assert git.git(repo, "rev-parse", f"{on_top}^") == a and git.head(repo) == on_top
+    assert git.git(repo, "rev-parse", f"{on_top}^2") == b  # what it was made from stays in the history
     assert (repo / "train.py").read_text() == b_src and not git.changed_files(repo)
 
 

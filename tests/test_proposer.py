@@ -7,6 +7,7 @@ import pytest
 
 from autoresearch import descriptions, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
+from autoresearch.jobs import Job, keep_on_branch
 from conftest import ROOT, sh
 
 SEQ = 32
@@ -327,6 +328,32 @@ def test_a_proposal_s_parent_is_the_champion_it_changed_though_another_was_kept_
     assert late.parent == git.blob_of(source) and late.effect == pytest.approx(-0.1)  # not +0.1 against DEPTH 5
     rows = ledger.read(repo / "results.tsv", "p")  # what an agent's prompt and `autoresearch ideas` say
     assert "MATRIX_LR 0.04 -> 0.08: discard, effect -0.1000" in proposer.knowledge(rows, deeper, repo=repo)
+
+
+def test_a_keep_re_committed_on_a_moved_branch_counts_against_the_champion_it_changed(repo, tag):
+    """The parallel loop, one run a decision (naive): a proposal made from the baseline is kept after DEPTH 4 -> 5
+    was; the branch gets a new commit of it on top of DEPTH 5, and the ledger that commit. Its effect still counts
+    against the baseline it changed (the re-commit's second parent is the candidate's own commit)."""
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=2)
+    base = sh(repo, "git", "rev-parse", "HEAD")
+    lr = set_constants(source, {"MATRIX_LR": 0.08}, "cpu")
+    proposed = git.commit_with(repo, base, "train.py", lr, "MATRIX_LR 0.04 -> 0.08")
+    deeper = set_constants(source, {"DEPTH": 5}, "cpu")
+    run_as(repo, tag, deeper, "DEPTH 4 -> 5", "keep", 1.9, n=2)
+    champion = sh(repo, "git", "rev-parse", "HEAD")
+    job = Job("r", "p", proposed, base, git.blob_of(lr), "MATRIX_LR 0.04 -> 0.08", 42, 1, 1, None, "w1", "h",
+              "cpu x1", "none", "", lr)
+    kept = keep_on_branch(repo, job)[:7]  # as the driver records it
+    assert sh(repo, "git", "rev-parse", f"{kept}^") == champion  # on top of DEPTH 5
+    assert (repo / "train.py").read_text() == lr
+    ledger.append(repo / "results.tsv", record.make_row(
+        tag, kept, "MATRIX_LR 0.04 -> 0.08", "late", "keep", val_bpb=1.8, memory_gb=0.1, steps=5,
+        wall=10.0, seed=42, config=git.blob_of(lr)))
+    rows = ledger.read(repo / "results.tsv", "p")
+    assert proposer.made_from(repo, rows)[kept] == git.blob_of(source)
+    late = proposer.history(rows, proposer.made_from(repo, rows))[-1]
+    assert late.parent == git.blob_of(source) and late.effect == pytest.approx(-0.2)  # not -0.1 against DEPTH 5
 
 
 def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_another(repo, tag):
