@@ -277,12 +277,19 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
             size = move.arm in ("tune DEPTH", "tune MODEL_DIM")
             picks[move.direction if size else "other"] += 1
             picks["halved"] += size and move.params[move.arm[5:]] * 2 == move.params["from"]
+            picks["width"] += move.arm == "tune MODEL_DIM"
         return picks
 
     small = first_moves()
     assert small["down"] >= 15 and small["up"] <= 2, small
     # so far below, a step of one layer or a quarter of the width is lost in a short run's noise: it halves
     assert small["halved"] == small["down"], small
+    # the depth before the width (at 15 s the 2-layer model beat the 64-wide one by 3 sigma): the width arm's
+    # draw proposes the depth's halving until one was tried against this champion
+    assert small["width"] == 0 and small["down"] >= 20, small
+    run_as(repo, tag, set_constants(source, {"DEPTH": 2}, "cpu"), "DEPTH 4 -> 2", "discard", 2.1, n=2)
+    after = first_moves()
+    assert after["width"] >= 5, after
     # far above (a long budget, a small model): larger first; near 20: as any other move
     size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm in ("tune DEPTH", "tune MODEL_DIM")]
     values = read_constants(source, "cpu")
