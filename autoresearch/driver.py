@@ -4,7 +4,8 @@ One driver (this process, holding the repository's lock) owns the truth:
 - only it writes results.tsv and moves the tag's branch. A candidate travels to a worker as its train.py, its
   parent commit and its seed; the driver records it as a commit object off its parent (git.commit_with), and
   only a keep moves the branch: fast-forward when the branch is still on the parent, else a new commit of the
-  kept train.py on top of the branch. So the branch is only ever on a kept commit, and stays linear;
+  kept train.py on top of the branch, its second parent the candidate's own commit (what it was made from). So
+  the branch's first-parent line holds kept commits only;
 - it holds the proposer (the built-in one: Optuna TPE with constant_liar, the runs in flight as running
   trials; or one external agent per worker, each in its own working copy) and the decision rule. A candidate's
   confirmation repeat goes to the next free worker before any new proposal; one repeat of a candidate is in

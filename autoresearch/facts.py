@@ -165,10 +165,11 @@ def facts(path: Path, repo: Path | None, tag: str | None = None) -> dict:
 
 
 def diff(repo: Path, commit: str) -> str:
-    """train.py of a commit against its parent's."""
+    """train.py of a commit against its (first) parent's: for a keep re-committed on a moved branch, what it changed
+    in the champion before it."""
     if not re.fullmatch(r"[0-9a-f]{4,40}", commit):
         raise BadQuery(f"not a commit: {commit!r}")
-    return git.git(repo, "show", "--format=%h %s%n", commit, "--", state.EDITABLE, check=False, strip=False)
+    return git.git(repo, "show", "-m", "--first-parent", "--format=%h %s%n", commit, "--", state.EDITABLE, check=False, strip=False)
 
 
 def log_tail(repo: Path, run_id: str) -> str:

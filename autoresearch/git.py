@@ -36,17 +36,19 @@ def parent_blobs(repo: Path, commits, path: str) -> dict[str, str]:
     commits = list(dict.fromkeys(c for c in commits if c))
     if not commits:
         return {}
-    asked = "".join(f"{c}^2^:{path}\n{c}^:{path}\n" for c in commits)
+    # per commit: its own path, its second parent's (equal only for commit_with's `merged`, not for a merge of
+    # two histories), the second parent's parent's, the first parent's
+    asked = "".join(f"{c}:{path}\n{c}^2:{path}\n{c}^2^:{path}\n{c}^:{path}\n" for c in commits)
     proc = subprocess.run(["git", "cat-file", "--batch-check=%(objectname) %(objecttype)"], cwd=repo, text=True,
                           capture_output=True, input=asked)
-    lines = proc.stdout.splitlines()
+    lines = [line.partition(" ") for line in proc.stdout.splitlines()]
+    blobs = [name[:12] if kind == "blob" else "" for name, _, kind in lines]
     found = {}
-    for commit, merged, first in zip(commits, lines[::2], lines[1::2]):
-        for line in (merged, first):
-            name, _, kind = line.partition(" ")
-            if kind == "blob":
-                found[commit] = name[:12]
-                break
+    for i, commit in enumerate(commits):
+        own, second, made_in, first = blobs[4 * i:4 * i + 4]
+        parent = made_in if own and own == second and made_in else first
+        if parent:
+            found[commit] = parent
     return found
 
 

@@ -334,8 +334,10 @@ class Researcher(Proposer):
         # shrinking, the depth before the width: until a smaller DEPTH was tried against this champion, the width
         # arm's draw proposes the depth's step (on 8 fresh seeds at 15 s, DEPTH 4 -> 2 beat MODEL_DIM 128 -> 64 by
         # 0.026, 3 sigma: the narrow model keeps fewer heads, and the unembedding is most of its compute;
-        # BENCHMARKS.md)
-        width_waits = toward == "down" and not any(e.arm == "tune DEPTH" and e.parent == champion for e in decided)
+        # BENCHMARKS.md). In the parallel loop, while a depth move is in flight, another worker may take the width.
+        width_waits = toward == "down" and not any(
+            e.arm == "tune DEPTH" and e.parent == champion and _greater(e.params.get("from"), e.params.get("DEPTH"))
+            for e in decided)
         best, best_draw, chosen = None, -1.0, {}
         for arm in sorted(arms):  # "tune DEPTH" before "tune MODEL_DIM"
             options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
@@ -343,8 +345,8 @@ class Researcher(Proposer):
             move = ((arm in SIZE_ARMS and size_step(favoured, values, fit))
                     or self.rng.choice(favoured or options))
             depth = chosen.get("tune DEPTH")
-            if width_waits and arm == "tune MODEL_DIM" and depth and depth.direction == "down" and \
-                    not tried_here(depth):
+            if width_waits and arm == "tune MODEL_DIM" and move.direction == "down" and depth and \
+                    depth.direction == "down" and not tried_here(depth):
                 move = depth
             chosen[arm] = move
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair

@@ -95,7 +95,7 @@ def check_ledger(repo, tag, seen_heads):
     assert seen_heads and seen_heads <= kept, f"the branch was on {seen_heads - kept}, which no keep row holds"
     head = git.git(repo, "rev-parse", f"autoresearch/{tag}")
     assert head == tags.last_kept_commit(repo, config, rows)
-    for commit in git.git(repo, "rev-list", f"{config['base_commit']}..{head}").split():
+    for commit in git.git(repo, "rev-list", "--first-parent", f"{config['base_commit']}..{head}").split():
         assert commit in kept, "the branch's history holds a commit that was not kept"
     return rows
 

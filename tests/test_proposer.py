@@ -5,7 +5,7 @@ import collections
 
 import pytest
 
-from autoresearch import descriptions, git, ideas, ledger, proposer, record, tags
+from autoresearch import descriptions, facts, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
 from autoresearch.jobs import Job, keep_on_branch
 from conftest import ROOT, sh
@@ -361,6 +361,8 @@ def test_a_keep_re_committed_on_a_moved_branch_counts_against_the_champion_it_ch
     assert proposer.made_from(repo, rows)[kept] == git.blob_of(source)
     late = proposer.history(rows, proposer.made_from(repo, rows))[-1]
     assert late.parent == git.blob_of(source) and late.effect == pytest.approx(-0.2)  # not -0.1 against DEPTH 5
+    shown = facts.diff(repo, kept)  # the dashboard's diff: what the keep changed in the branch's champion
+    assert "+MATRIX_LR = 0.08" in shown and "-DEPTH = 5" in shown, shown
 
 
 def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_another(repo, tag):
