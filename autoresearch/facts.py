@@ -169,7 +169,8 @@ def diff(repo: Path, commit: str) -> str:
     in the champion before it."""
     if not re.fullmatch(r"[0-9a-f]{4,40}", commit):
         raise BadQuery(f"not a commit: {commit!r}")
-    return git.git(repo, "show", "-m", "--first-parent", "--format=%h %s%n", commit, "--", state.EDITABLE, check=False, strip=False)
+    return git.git(repo, "show", "-m", "--first-parent", "--format=%h %s%n", commit, "--", state.EDITABLE,
+                   check=False, strip=False)
 
 
 def log_tail(repo: Path, run_id: str) -> str:

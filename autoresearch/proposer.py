@@ -338,17 +338,17 @@ class Researcher(Proposer):
         width_waits = toward == "down" and not any(
             e.arm == "tune DEPTH" and e.parent == champion and _greater(e.params.get("from"), e.params.get("DEPTH"))
             for e in decided)
-        best, best_draw, chosen = None, -1.0, {}
+        best, best_draw, depth = None, -1.0, None
         for arm in sorted(arms):  # "tune DEPTH" before "tune MODEL_DIM"
             options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
             favoured = [m for m in options if size_prior(m, fit) == PRIOR_TOWARDS]
             move = ((arm in SIZE_ARMS and size_step(favoured, values, fit))
                     or self.rng.choice(favoured or options))
-            depth = chosen.get("tune DEPTH")
-            if width_waits and arm == "tune MODEL_DIM" and move.direction == "down" and depth and \
+            if arm == "tune DEPTH":
+                depth = move
+            elif width_waits and arm == "tune MODEL_DIM" and move.direction == "down" and depth and \
                     depth.direction == "down" and not tried_here(depth):
                 move = depth
-            chosen[arm] = move
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
             keeps = fails = 0.0
