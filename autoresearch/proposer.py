@@ -334,10 +334,13 @@ class Researcher(Proposer):
         # shrinking, the depth before the width: until a smaller DEPTH was tried against this champion, the width
         # arm's draw proposes the depth's step (on 8 fresh seeds at 15 s, DEPTH 4 -> 2 beat MODEL_DIM 128 -> 64 by
         # 0.026, 3 sigma: the narrow model keeps fewer heads, and the unembedding is most of its compute;
-        # BENCHMARKS.md). In the parallel loop, while a depth move is in flight, another worker may take the width.
+        # BENCHMARKS.md). In the parallel loop, while a smaller DEPTH is in flight the width waits for its outcome.
+        def shrinks_depth(arm: str, params: dict) -> bool:
+            return arm == "tune DEPTH" and _greater(params.get("from"), params.get("DEPTH"))
+
         width_waits = toward == "down" and not any(
-            e.arm == "tune DEPTH" and e.parent == champion and _greater(e.params.get("from"), e.params.get("DEPTH"))
-            for e in decided)
+            shrinks_depth(e.arm, e.params) and e.parent == champion for e in decided)
+        depth_in_flight = len(arms) > 1 and any(shrinks_depth(*parse_move(d)) for d in in_flight)
         best, best_draw, depth = None, -1.0, None
         for arm in sorted(arms):  # "tune DEPTH" before "tune MODEL_DIM"
             options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
@@ -346,6 +349,8 @@ class Researcher(Proposer):
                     or self.rng.choice(favoured or options))
             if arm == "tune DEPTH":
                 depth = move
+            elif width_waits and depth_in_flight and arm == "tune MODEL_DIM" and move.direction == "down":
+                continue
             elif width_waits and arm == "tune MODEL_DIM" and move.direction == "down" and depth and \
                     depth.direction == "down" and not tried_here(depth):
                 move = depth

@@ -269,11 +269,11 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
     assert proposer.tokens_per_parameter(rows, git.blob_of(source), source, "cpu") == pytest.approx(5 * 2048 / params)
     assert "a smaller model may use the budget better" in proposer.knowledge(rows, source)  # an agent's prompt too
 
-    def first_moves() -> collections.Counter:
+    def first_moves(in_flight=()) -> collections.Counter:
         picks = collections.Counter()
         for seed in range(30):
             move = next(m for m in proposer.moves(source, "cpu", SEQ)
-                        if m.description == researcher(repo, seed).propose_source(source)[1])
+                        if m.description == researcher(repo, seed).propose_source(source, in_flight=in_flight)[1])
             size = move.arm in ("tune DEPTH", "tune MODEL_DIM")
             picks[move.direction if size else "other"] += 1
             picks["halved"] += size and move.params[move.arm[5:]] * 2 == move.params["from"]
@@ -287,6 +287,8 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
     # the depth before the width (at 15 s the 2-layer model beat the 64-wide one by 3 sigma): the width arm's
     # draw proposes the depth's halving until one was tried against this champion
     assert small["width"] == 0 and small["down"] >= 20, small
+    # in the parallel loop, while another worker runs the depth's halving, the width waits for its outcome
+    assert first_moves(in_flight=["DEPTH 4 -> 2"])["width"] == 0
     run_as(repo, tag, set_constants(source, {"DEPTH": 2}, "cpu"), "DEPTH 4 -> 2", "discard", 2.1, n=2)
     after = first_moves()
     assert after["width"] >= 5, after
