@@ -349,11 +349,11 @@ class Researcher(Proposer):
                     or self.rng.choice(favoured or options))
             if arm == "tune DEPTH":
                 depth = move
-            elif width_waits and depth_in_flight and arm == "tune MODEL_DIM" and move.direction == "down":
-                continue
-            elif width_waits and arm == "tune MODEL_DIM" and move.direction == "down" and depth and \
-                    depth.direction == "down" and not tried_here(depth):
-                move = depth
+            elif width_waits and arm == "tune MODEL_DIM" and move.direction == "down":
+                if depth_in_flight:
+                    continue
+                if depth and depth.direction == "down" and not tried_here(depth):
+                    move = depth
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
             keeps = fails = 0.0
