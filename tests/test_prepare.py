@@ -194,6 +194,25 @@ def test_what_train_py_carries_is_counted_against_its_base():
     assert heldout.carried_bytes(base[:5000], b"") > heldout.carried_bytes(base[:5000], base)
 
 
+def test_a_large_honest_train_py_carries_nothing_it_did_not_change():
+    """The edit script sees the whole base: a 40 KB train.py without repeats costs a few bytes unchanged and a
+    few dozen for a changed line (zlib with the base's last 32 KB as dictionary charged it 12 KB unchanged, and
+    its baseline was refused), and the script rebuilds the source exactly from the base."""
+    import random
+
+    from autoresearch import heldout
+    rng = random.Random(0)
+    base = "".join(f"def f{i}_{rng.getrandbits(40):x}(x):\n    return x * {rng.random():.9f}\n"
+                   for i in range(900)).encode()
+    assert len(base) > 40_000
+    lines = base.splitlines(keepends=True)
+    edited = b"".join(lines[:500] + [b"LR = 0.02\n"] + lines[503:]) + b"X = 1"
+    assert heldout.carried_bytes(base, base) < 50
+    assert heldout.carried_bytes(edited, base) < 200
+    for source in (base, edited, b"", b"new\nfile\n", base[:1000] + b"\r\nodd\r" + base[900:]):
+        assert heldout.apply_script(heldout.edit_script(source, base), base) == source
+
+
 def test_wrong_logits_shape_is_a_clear_error(use_cache):
     tok = prepare.Tokenizer.from_directory()
     with pytest.raises(prepare.PrepareError, match="logits of shape"):
