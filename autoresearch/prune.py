@@ -1,25 +1,33 @@
 """Stopping hopeless runs early: a candidate whose training loss, past a fraction of its budget, is worse than the
-champion's runs at the same point by more than the tag's noise allows is stopped and recorded as `pruned` (a
-discard that cost less).
+tag's base runs (the baseline: the train.py the tag was set up with) at the same point by more than their noise
+allows is stopped and recorded as `pruned` (a discard that cost less).
+
+Why the base, not the champion: a step line is train.py's own word, and a kept train.py is the agent's code. A
+champion that printed its loss a nat low got every later candidate pruned at half its budget (3 of 3 honest
+candidates; issue 50), and one that printed identical losses on its repeats shrank the noise, and with it the
+margin, for everyone. A candidate's own lines can only spare or prune itself; the base's were written by the code
+the user set the tag up with. A candidate worse than the base is worse than every champion (each beat the base),
+so nothing prunable is lost but the candidates between the base and the champion, which the decision rule
+discards after one run.
 
 The comparison is at equal *budget time* (the step line's `elapsed`, on the budget's clock), never at equal
 steps: a faster train.py that is behind per step but ahead per second is what a fixed budget rewards. The
-champion's curve at a moment is the mean of its runs' losses there (each run's loss linearly interpolated
-between its step lines). The margin is calibrated on the tag: the standard deviation of the loss at that moment
-between runs of one configuration, pooled over every configuration with repeats; a run is pruned when
+base's curve at a moment is the mean of its runs' losses there (each run's loss linearly interpolated
+between its step lines). The margin is calibrated on the same runs: the standard deviation of the loss at that
+moment between the base's runs; a run is pruned when
 
-    loss - champion_mean(t) > Z * k(df) * sd(t) * sqrt(1 + 1/n)  and  > MIN_GAP,
+    loss - base_mean(t) > Z * k(df) * sd(t) * sqrt(1 + 1/n)  and  > MIN_GAP,
     at FROM_FRACTION <= t / budget <= UNTIL_FRACTION,
 
-with n the champion's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
+with n the base's runs and k(df) = t_df(0.95) / z(0.95), Student's t's width for a noise estimated from few
 repeats (1.8 at the baseline's df = 2, 1.3 at df = 4, towards 1). Until the tag has MIN_DF degrees of freedom
 nothing is pruned, nor on a run's first MIN_STEP steps (its initialisation, not its learning). Only a candidate's
 first run is: a candidate the rule
 sent to confirmation is promising, and a run near its budget's end has nothing left to save.
 Z and FROM_FRACTION were chosen on no-op changes (repeats of one configuration, which must never be pruned;
 benchmarks/repeats.py, BENCHMARKS.md). Never the baseline or the champion's repeats.
-A step line is train.py's own word; a train.py that prints a loss lower than its own only escapes pruning (its
-val_bpb is still the harness's), and one that prints a higher one only prunes itself.
+A candidate that prints a loss lower than its own only escapes pruning (its val_bpb is still the harness's), and
+one that prints a higher one only prunes itself.
 """
 
 from __future__ import annotations
@@ -76,22 +84,17 @@ def at(points: list[tuple[float, float]], t: float) -> float | None:
 
 @dataclass
 class Reference:
-    """What a candidate is compared with: the champion's curves and the tag's noise, from the logs."""
+    """What a candidate is compared with: the curves of the tag's base runs, from their logs."""
     budget: float
-    champion: list[list[tuple[float, float]]]   # one curve per champion run
-    repeats: list[list[list[tuple[float, float]]]]  # per configuration with >= 2 runs, its runs' curves
+    base: list[list[tuple[float, float]]]   # one curve per run of the tag's base
 
     def noise(self, t: float) -> tuple[float, int] | None:
-        """Pooled standard deviation of the loss at t between runs of one configuration, and its degrees of
-        freedom."""
-        ss, df = 0.0, 0
-        for runs in self.repeats:
-            values = [v for v in (at(c, t) for c in runs) if v is not None]
-            if len(values) >= 2:
-                mean = sum(values) / len(values)
-                ss += sum((v - mean) ** 2 for v in values)
-                df += len(values) - 1
-        return (math.sqrt(ss / df), df) if df else None
+        """Standard deviation of the loss at t between the base's runs, and its degrees of freedom."""
+        values = [v for v in (at(c, t) for c in self.base) if v is not None]
+        if len(values) < 2:
+            return None
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)), len(values) - 1
 
     def check(self, elapsed: float | None, line: str | None) -> str | None:
         """verdict() for the newest step line of a run in flight (supervise.run_training's prune), from its
@@ -107,15 +110,15 @@ class Reference:
         if elapsed is None or loss is None or not math.isfinite(loss) or not (
                 FROM_FRACTION * self.budget <= elapsed <= UNTIL_FRACTION * self.budget):
             return None
-        champ = [v for v in (at(c, elapsed) for c in self.champion) if v is not None]
+        base = [v for v in (at(c, elapsed) for c in self.base) if v is not None]
         noise = self.noise(elapsed)
-        if not champ or noise is None or noise[1] < MIN_DF:
+        if not base or noise is None or noise[1] < MIN_DF:
             return None
-        mean = sum(champ) / len(champ)
-        margin = max(Z * small_sample(noise[1]) * noise[0] * math.sqrt(1 + 1 / len(champ)), MIN_GAP)
+        mean = sum(base) / len(base)
+        margin = max(Z * small_sample(noise[1]) * noise[0] * math.sqrt(1 + 1 / len(base)), MIN_GAP)
         if loss - mean > margin:
-            return (f"pruned at {elapsed:.0f} s of {self.budget:g}: training loss {loss:.4f} against the champion's "
-                    f"{mean:.4f} there (n={len(champ)}), worse by more than {margin:.4f} "
+            return (f"pruned at {elapsed:.0f} s of {self.budget:g}: training loss {loss:.4f} against the tag's base's "
+                    f"{mean:.4f} there (n={len(base)}), worse by more than {margin:.4f} "
                     f"({Z * small_sample(noise[1]):.1f} sigma of {noise[0]:.4f}, df={noise[1]})")
         return None
 
@@ -126,20 +129,20 @@ def small_sample(df: int) -> float:
     return float(stdtrit(df, 0.95)) / 1.6448536269514722
 
 
-def reference(rows, budget: float, log_of, step_re) -> Reference | None:
-    """The Reference of a tag from its ledger rows; log_of(row) -> the text of its run's log (or None). None
-    before there is a champion."""
+def reference(rows, budget: float, log_of, step_re, base_config: str) -> Reference | None:
+    """The Reference of a tag from its ledger rows: the curves of its base's runs (configuration base_config, the
+    tag's starting train.py), never a candidate's or a champion's; log_of(row) -> the text of its run's log (or
+    None). None before there is a champion (the baseline unfinished)."""
     from autoresearch import decide
-    champ = decide.champion(rows)
-    if champ is None:
+    if decide.champion(rows) is None:
         return None
-    curves: dict[str, list] = {}
+    curves = []
     for r in decide.finished(rows):
-        text = log_of(r)
+        text = log_of(r) if r.key == base_config else None
         points = curve(text, step_re) if text else []
         if points:
-            curves.setdefault(r.key, []).append(points)
-    return Reference(budget, curves.get(champ.key, []), [runs for runs in curves.values() if len(runs) >= 2])
+            curves.append(points)
+    return Reference(budget, curves)
 
 
 def log_reader(runs_dir: Path, log_name: str):

@@ -229,10 +229,10 @@ def pruning(repo: Path, config: Tag, rows, rule: str, first_run: bool) -> prune.
     """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
     under the stat rule, once there is a champion; None: it trains its whole budget. Both loops ask here: this
     process applies its .check, the parallel driver sends it to the worker with the job."""
-    if rule not in decide.REPEATING or not prune.enabled() or not first_run:
+    if rule not in decide.REPEATING or not prune.enabled() or not first_run or decide.champion(rows) is None:
         return None
     return prune.reference(rows, config.budget_s, prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
-                           fixed.runtime().STEP_RE)
+                           fixed.runtime().STEP_RE, tags.config_of(repo, config.base_commit))
 
 
 def run_series(repo: Path, description: str, options: Options = Options(), on_outcome=None) -> list[Outcome]:

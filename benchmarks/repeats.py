@@ -45,13 +45,12 @@ def curves(work: Path, seeds) -> list:
     return [prune.curve((work / f"seed{s}" / "train.log").read_text(), runtime.STEP_RE) for s in seeds]
 
 
-def false_prunes(mine: list, others: list, budget: float) -> tuple[int, int]:
-    """(pruned, tried): each of `mine` against the rest of `mine` as the champion, noise pooled from the rest
-    of mine and `others`."""
+def false_prunes(mine: list, budget: float) -> tuple[int, int]:
+    """(pruned, tried): each of `mine` against the rest of `mine` as the tag's base (curves and noise)."""
     pruned = 0
     for i, run in enumerate(mine):
         rest = mine[:i] + mine[i + 1:]
-        ref = prune.Reference(budget, rest, [rest, others])
+        ref = prune.Reference(budget, rest)
         pruned += any(ref.verdict(t, loss) for t, loss in run)
     return pruned, len(mine)
 
@@ -86,9 +85,8 @@ def main() -> int:
     rho = pearson(a, b)
     diffs = [y - x for x, y in zip(a, b)]
     ca, cb = curves(work / "A", seeds), curves(work / "B", seeds)
-    fa, fb = false_prunes(ca, cb, args.budget), false_prunes(cb, ca, args.budget)
-    cross = sum(any(prune.Reference(args.budget, ca, [ca, cb[:i] + cb[i + 1:]]).verdict(t, loss) for t, loss in run)
-                for i, run in enumerate(cb))
+    fa, fb = false_prunes(ca, args.budget), false_prunes(cb, args.budget)
+    cross = sum(any(prune.Reference(args.budget, ca).verdict(t, loss) for t, loss in run) for run in cb)
     result = {
         "budget_s": args.budget, "change": args.change, "seeds": seeds, "A": [round(x, 6) for x in a],
         "B": [round(x, 6) for x in b], "rho": round(rho, 3), "sd_A": round(statistics.stdev(a), 5),

@@ -20,10 +20,10 @@ def run(level: float, rng, noise=0.02, start=0):
 
 def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_after_half_the_budget():
     rng = random.Random(0)
-    champion = [run(3.0, rng) for _ in range(3)]
-    ref = prune.Reference(BUDGET, champion, [champion, [run(3.2, rng) for _ in range(2)]])
+    base = [run(3.0, rng) for _ in range(3)]
+    ref = prune.Reference(BUDGET, base)
     sd, df = ref.noise(60)
-    assert 0.005 < sd < 0.08 and df == 3
+    assert 0.005 < sd < 0.08 and df == 2
     # 200 no-op candidates (new seeds of the champion's curve): none pruned at any step line
     false = sum(any(ref.verdict(t, loss) for t, loss in run(3.0, rng)) for _ in range(200))
     assert false <= 200 * 0.02
@@ -41,11 +41,10 @@ def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_af
 
 def test_no_verdict_without_noise_to_calibrate_on_or_a_curve_to_compare_with():
     rng = random.Random(1)
-    champion = [run(3.0, rng)]
-    assert prune.Reference(BUDGET, champion, []).verdict(80, 9.0) is None  # one run: no noise estimate
-    ref = prune.Reference(BUDGET, [run(3.0, rng, start=0)[:40]] * 2, [[run(3.0, rng), run(3.0, rng)]])
-    assert ref.verdict(80, 9.0) is None  # the champion's curve ends before 80 s
-    ref = prune.Reference(BUDGET, [run(3.0, rng), run(3.0, rng)], [[run(3.0, rng), run(3.0, rng), run(3.0, rng)]])
+    assert prune.Reference(BUDGET, [run(3.0, rng)]).verdict(80, 9.0) is None  # one run: no noise estimate
+    ref = prune.Reference(BUDGET, [run(3.0, rng, start=0)[:40], run(3.0, rng, start=0)[:40]])
+    assert ref.verdict(80, 9.0) is None  # the base's curves end before 80 s
+    ref = prune.Reference(BUDGET, [run(3.0, rng), run(3.0, rng), run(3.0, rng)])
     assert ref.verdict(80, float("nan")) is None and ref.verdict(None, 9.0) is None
     assert ref.check(80, "step=   80 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=80s | epoch=1")
     assert ref.check(80, "no step line") is None
@@ -64,7 +63,7 @@ def test_no_verdict_on_a_run_s_first_steps():
     initialised head: ln(vocab)); a change that redraws the initial weights overshot it by 0.04 at step 2, and
     was pruned as hopeless on the first look of a 10 s budget whose first half went to compilation."""
     plateau = [[(5.0, 8.3180 + d), (9.0, 8.3180 + d)] for d in (0.0, 0.0001, -0.0001)]
-    ref = prune.Reference(10.0, plateau, [plateau])
+    ref = prune.Reference(10.0, plateau)
     line = "step=     2 | loss=8.3619 | tok/s=1 | mfu=1.0% | elapsed=5s | epoch=1"
     assert ref.check(5, line) is None
     assert ref.check(5, line.replace("step=     2", f"step={prune.MIN_STEP:6d}"))  # the same loss, later: judged
@@ -72,7 +71,7 @@ def test_no_verdict_on_a_run_s_first_steps():
 
 def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
     """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
-    P 0.948); the baseline's and naive runs have no champion curve to trail. Both loops ask run.pruning: the
+    P 0.948); the baseline's and naive runs have no base curve to trail. Both loops ask run.pruning: the
     parallel driver ships its Reference to the worker (as a dict), which must check as this process does."""
     import dataclasses
     from autoresearch import ledger, run
@@ -83,20 +82,49 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
     assert run.pruning(tmp_path, TAG, rows, "stat", False) is None  # a confirmation or a baseline
     assert run.pruning(tmp_path, TAG, rows, "naive", True) is None
     rng = random.Random(2)
-    for i in range(3):  # the champion's logs, where the driver keeps them
+    for i in range(3):  # the base's logs, where the driver keeps them
         (tmp_path / f"r{i}").mkdir()
         (tmp_path / f"r{i}" / "run.log").write_text("\n".join(
             runtime.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in run_curve(3.0, rng)))
     from unittest import mock
-    with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path):
+    with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path), \
+            mock.patch("autoresearch.tags.config_of", return_value="cfg"):
         ref = run.pruning(tmp_path, TAG, rows, "stat", True)
-    assert ref is not None and len(ref.champion) == 3
+    assert ref is not None and len(ref.base) == 3
     shipped = prune.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
     hopeless = "step=   70 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=70s | epoch=1"
     for r in (ref, shipped):  # a warm start: the first step line early (see the cold-compile test)
         assert r.check(1, "step=     1 | loss=6.0000 | tok/s=1 | mfu=1.0% | elapsed=1s | epoch=1") is None
     assert shipped.check(70, hopeless) and shipped.check(70, hopeless) == ref.check(70, hopeless)
     assert shipped.check(70, hopeless.replace("9.0000", "3.0000")) is None
+
+
+def test_a_champion_that_prints_a_low_loss_prunes_no_one(tmp_path):
+    """The attack of issue 50: a kept train.py printing its loss a nat low (and identical on every repeat, which
+    shrank the pooled noise) was every later candidate's yardstick, and got 3 of 3 honest ones pruned at half their
+    budget. The reference is the tag's base runs alone: an honest candidate is not pruned, and a hopeless one
+    still is."""
+    from autoresearch import ledger, run
+
+    def row(i, config, description, status="keep"):
+        return ledger.Row(commit=f"c{i}", val_bpb=2.0, memory_gb=0.0, status=status, description=description,
+                          tag="t", run_id=f"r{i}", time="", budget_s=100, steps=1, wall_s=1.0, fingerprint="f",
+                          config=config, seed=42 + i % 3)
+    rows = [row(i, "base", "baseline") for i in range(3)] + [row(i, "liar", "lies", "keep") for i in range(3, 6)]
+    rng = random.Random(3)
+    for i in range(6):
+        honest = run_curve(3.0, rng)
+        points = honest if i < 3 else [(t, 2.0 + 0.0 * loss) for t, loss in honest]  # a nat low, no noise
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "run.log").write_text("\n".join(
+            runtime.step_line(int(t), loss, 1000, 1.0, t, 1) for t, loss in points))
+    from unittest import mock
+    with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path), \
+            mock.patch("autoresearch.tags.config_of", return_value="base"):
+        ref = run.pruning(tmp_path, TAG, rows, "stat", True)
+    honest = [run_curve(3.0, random.Random(100 + k)) for k in range(3)]
+    assert not any(ref.verdict(t, loss) for c in honest for t, loss in c)
+    assert any(ref.verdict(t, loss) for t, loss in run_curve(4.0, random.Random(7)))
 
 
 run_curve = run
