@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -146,7 +147,7 @@ def _start(base: Path, start_from: str | None) -> str:
         try:
             _copy(seed, base)
             return f"a copy of base {start_from}"
-        except (OSError, subprocess.CalledProcessError, shutil.Error):  # pruned meanwhile: from empty
+        except (OSError, Unaccepted):  # pruned meanwhile, or holding what no run may get: from empty
             shutil.rmtree(base, ignore_errors=True)
     (base / "headers").mkdir(parents=True)
     return "empty"
@@ -176,6 +177,12 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
         if processes.end_descendants():
             ok, tail = False, "a process it started could not be ended"
         seconds = time.time() - t0
+        try:
+            check(base)
+        except (OSError, Unaccepted) as e:  # never handed to a run, never copied forward: emptied
+            ok, tail = False, f"it left what the harness does not accept in its base: {e}"
+            shutil.rmtree(base, ignore_errors=True)
+            (base / "headers").mkdir(parents=True)
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
             log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
     finally:
@@ -200,12 +207,75 @@ def prune(cache: Path, keep: Path) -> None:
             (root(cache) / f"{old.name}.done").unlink(missing_ok=True)
 
 
+BASE_LIMIT = 8 << 30   # bytes a base may hold: the default's is ~160 MB on the cpu profile; a GPU model's more
+
+
+class Unaccepted(Exception):
+    """A base holds something the harness does not accept from code it ran: the message says what and where."""
+
+
+def check(base: Path, limit: int = BASE_LIMIT) -> None:
+    """Raise Unaccepted unless `base` (what a compile phase wrote) holds directories and regular files only, at
+    most `limit` bytes in all: no symbolic link (a `headers` replaced by `../../..` became a writable bind of the
+    host's / in every later run: issue 50), no device, FIFO or socket, `headers` a directory."""
+    total = 0
+    for top, dirs, files in os.walk(base):  # os.walk lists links to directories in dirs and never follows them
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+            elif not stat.S_ISDIR(st.st_mode):
+                raise Unaccepted(f"{os.path.relpath(path, base)} is not a regular file or a directory "
+                                 f"({stat.filemode(st.st_mode)})")
+    if total > limit:
+        raise Unaccepted(f"it holds {total:,} bytes, more than the {limit:,} a base may")
+    headers = os.lstat(base / "headers") if os.path.lexists(base / "headers") else None
+    if headers is not None and not stat.S_ISDIR(headers.st_mode):
+        raise Unaccepted(f"headers is not a directory ({stat.filemode(headers.st_mode)})")
+
+
 def _copy(base: Path, dest: Path) -> None:
-    if shutil.which("cp") and sys.platform.startswith("linux"):
-        subprocess.run(["cp", "-a", str(base), str(dest)], check=True, capture_output=True)
-    else:
-        shutil.copytree(base, dest, symlinks=True)
-    (dest / "headers").mkdir(exist_ok=True)
+    """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else: directories made
+    here, regular files opened without following a link (O_NOFOLLOW) and checked by the open descriptor, so a link
+    or a FIFO swapped in after check() is refused too. Unaccepted (dest removed) for anything else."""
+    check(base)
+    try:
+        dest.mkdir()
+        for top, dirs, files in os.walk(base):
+            rel = Path(top).relative_to(base)
+            for name in dirs:
+                (dest / rel / name).mkdir()
+            for name in files:
+                _copy_regular(Path(top) / name, dest / rel / name)
+        (dest / "headers").mkdir(exist_ok=True)
+        if (dest / "headers").is_symlink() or not (dest / "headers").is_dir():
+            raise Unaccepted("headers is not a directory")
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def _copy_regular(src: Path, dest: Path) -> None:
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unaccepted(f"{src.name} is not a regular file ({stat.filemode(st.st_mode)})")
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, st.st_mode & 0o755)
+        try:
+            left = st.st_size
+            while left > 0:
+                sent = os.sendfile(out, fd, None, min(left, 1 << 30)) if hasattr(os, "sendfile") else \
+                    os.write(out, os.read(fd, min(left, 1 << 24)))
+                if sent == 0:
+                    break
+                left -= sent
+        finally:
+            os.close(out)
+        os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def private_copy(base: Path, run_dir: Path) -> Path:

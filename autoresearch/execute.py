@@ -134,7 +134,12 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     view = sandbox.make_view(run_dir, half.cache, half.manifest, config.peak_flops)
     base_before = None
     if attempt.compile_base is not None:
-        compiled.private_copy(attempt.compile_base, run_dir)
+        try:
+            compiled.private_copy(attempt.compile_base, run_dir)
+        except compiled.Unaccepted as e:  # checked after its phase, so changed since: by a run without a sandbox
+            compiled.discard(half.cache, attempt.compile_base.name)
+            return Execution("refused", f"the compile cache's base holds what no run may get ({e}); thrown away, "
+                             "the next run fills a new one", None, {}, supervise.Training(None, False, None, 0.0))
         base_before = compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
     timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(budget, clock),
                   config.timeout_s or float("inf"))

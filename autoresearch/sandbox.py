@@ -179,6 +179,22 @@ def empty_root() -> list[str]:
     return args
 
 
+def directory(path: Path) -> str:
+    """`path` as a bind source or target, if it is a directory itself (lstat: a link is refused, never followed).
+    The harness makes every such directory just before the sandbox starts, and nothing untrusted runs between; this
+    is the rule where that is checked: a link there would make the bind follow it to any host directory (a compile
+    phase's `headers -> /` did, issue 50)."""
+    import stat as stat_
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as e:
+        raise SandboxError(f"{path}: cannot be mounted in the sandbox ({e.strerror})") from None
+    if not stat_.S_ISDIR(mode):
+        raise SandboxError(f"{path} is not a directory the harness made ({stat_.filemode(mode)}): refused, "
+                           "never mounted")
+    return str(path)
+
+
 def finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:
     """The sandbox's argv: root read-only, `argv` run in `cwd` with HOME /tmp."""
     return args + ["--remount-ro", "/", "--chdir", str(cwd), "--setenv", "HOME", "/tmp", "--", *argv]
@@ -191,7 +207,7 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
     # the bytes the harness checked (execute.py), never the work tree's train.py, which an agent confined beside
     # this run may rewrite while it trains
     source = run_dir / SOURCE if (run_dir / SOURCE).is_file() else repo / "train.py"
-    args += ["--ro-bind", str(source), str(repo / "train.py"), "--ro-bind", str(run_dir / VIEW_DIR),
+    args += ["--ro-bind", str(source), str(repo / "train.py"), "--ro-bind", directory(run_dir / VIEW_DIR),
              str(run_dir / VIEW_DIR)]
     for name in state.FIXED:  # the work tree's: its fingerprint is checked before and after the run (execute.py)
         if (repo / name).exists():
@@ -199,13 +215,14 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
     for rel in training_files(manifest):
         real = str((cache / rel).resolve())
         args += ["--ro-bind", real, real]
-    args += ["--bind", str(run_dir / OUT_DIR), str(run_dir / OUT_DIR)]
+    args += ["--bind", directory(run_dir / OUT_DIR), str(run_dir / OUT_DIR)]
     hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
     if hf_home.is_dir():  # kernels' FA3, fetched once by hand: read-only, and HOME is /tmp in here
         args += ["--ro-bind", str(hf_home), str(hf_home), "--setenv", "HF_HOME", str(hf_home)]
     compiled = run_dir / COMPILE_DIR
-    if compiled.is_dir():
-        args += ["--bind", str(compiled), str(compiled), "--bind", str(compiled / "headers"), inductor_default_dir()]
+    if os.path.lexists(compiled):
+        args += ["--bind", directory(compiled), str(compiled), "--bind", directory(compiled / "headers"),
+                 inductor_default_dir()]
     return finish(args, repo, argv)
 
 
@@ -221,6 +238,6 @@ def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> li
 def wrap_compile_phase(argv: list[str], workdir: Path, base: Path) -> list[str]:
     """The compile phase's sandbox: its working directory (train.py, prepare.py, a view without token files)
     read-only, the compile cache it fills writable."""
-    args = empty_root() + ["--ro-bind", str(workdir), str(workdir), "--bind", str(base), str(base),
-                      "--bind", str(base / "headers"), inductor_default_dir()]
+    args = empty_root() + ["--ro-bind", directory(workdir), str(workdir), "--bind", directory(base), str(base),
+                           "--bind", directory(base / "headers"), inductor_default_dir()]
     return finish(args, workdir, argv)
