@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, guard, machine, processes, sandbox, tags
+from autoresearch import fixed, guard, machine, processes, sandbox, scratch, tags
+from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
@@ -214,8 +215,8 @@ class Unaccepted(Exception):
     """A base holds something the harness does not accept from code it ran: the message says what and where."""
 
 
-def check(base: Path, limit: int = BASE_LIMIT) -> None:
-    """Raise Unaccepted unless `base` (what a compile phase wrote) holds directories and regular files only, at
+def check(base: Path, limit: int = BASE_LIMIT) -> int:
+    """Its bytes; raise Unaccepted unless `base` (what a compile phase wrote) holds directories and regular files only, at
     most `limit` bytes in all: no symbolic link (a `headers` replaced by `../../..` became a writable bind of the
     host's / in every later run: issue 50), no device, FIFO or socket, `headers` a directory."""
     total = 0
@@ -233,54 +234,41 @@ def check(base: Path, limit: int = BASE_LIMIT) -> None:
     headers = os.lstat(base / "headers") if os.path.lexists(base / "headers") else None
     if headers is not None and not stat.S_ISDIR(headers.st_mode):
         raise Unaccepted(f"headers is not a directory ({stat.filemode(headers.st_mode)})")
+    return total
 
 
-def _copy(base: Path, dest: Path) -> None:
+def _copy(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
     """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else: directories made
     here, regular files opened without following a link (O_NOFOLLOW) and checked by the open descriptor, so a link
     or a FIFO swapped in after check() is refused too. Unaccepted (dest removed) for anything else."""
-    check(base)
+    check(base, limit)
     try:
-        dest.mkdir()
+        dest.mkdir(exist_ok=True)  # new, or a tmpfs just mounted there (private_copy)
+        if not stat.S_ISDIR(os.lstat(dest).st_mode):
+            raise Unaccepted(f"{dest} is not a directory")
         for top, dirs, files in os.walk(base):
             rel = Path(top).relative_to(base)
             for name in dirs:
                 (dest / rel / name).mkdir()
             for name in files:
-                _copy_regular(Path(top) / name, dest / rel / name)
+                try:
+                    safe_read.copy_regular(Path(top) / name, dest / rel / name, limit)
+                except safe_read.Unsafe as e:
+                    raise Unaccepted(str(e)) from None
         (dest / "headers").mkdir(exist_ok=True)
         if (dest / "headers").is_symlink() or not (dest / "headers").is_dir():
             raise Unaccepted("headers is not a directory")
     except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
+        scratch.release(dest)
         raise
 
 
-def _copy_regular(src: Path, dest: Path) -> None:
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unaccepted(f"{src.name} is not a regular file ({stat.filemode(st.st_mode)})")
-        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, st.st_mode & 0o755)
-        try:
-            left = st.st_size
-            while left > 0:
-                sent = os.sendfile(out, fd, None, min(left, 1 << 30)) if hasattr(os, "sendfile") else \
-                    os.write(out, os.read(fd, min(left, 1 << 24)))
-                if sent == 0:
-                    break
-                left -= sent
-        finally:
-            os.close(out)
-        os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
-    finally:
-        os.close(fd)
-
-
 def private_copy(base: Path, run_dir: Path) -> Path:
-    """The run's throwaway copy of the base."""
+    """The run's throwaway copy of the base: on a tmpfs of the base's size plus scratch.COMPILE_ROOM where the
+    harness may mount (scratch.py), removed after the run (scratch.release)."""
     dest = run_dir / sandbox.COMPILE_DIR
+    size = check(base)
+    scratch.bounded_dir(dest, size + scratch.COMPILE_ROOM)
     _copy(base, dest)
     return dest
 

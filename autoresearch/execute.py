@@ -11,14 +11,15 @@ execute, and record.py turns what it returns into a row.
 from __future__ import annotations
 
 import contextlib
-import shutil
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import compiled, fixed, git, guard, heldout, processes, sandbox, state, supervise, tags
+from autoresearch import (compiled, fixed, git, guard, heldout, processes, runcgroup, sandbox, scratch, state, supervise,
+                          tags)
 from autoresearch.errors import HarnessError
-from autoresearch.evaluator import harness, scoring
+from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.request import Request
 from autoresearch.tagconfig import Tag
 
@@ -123,10 +124,34 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     integrity checks) and evaluate the model it exported. Writes nothing but the run directory and pending; the
     caller records the result. `autoresearch run` calls it in the repository, a worker (worker.py) in its own
     copy. A pruned run is checked for integrity like any other, and not evaluated."""
+    out = attempt.run_dir / sandbox.OUT_DIR
+    attempt.run_dir.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(out):  # left by a harness killed mid-run (recovery releases it too)
+        scratch.release(out)
+    try:
+        return _execute(ctx, attempt, out)
+    finally:  # whatever happened: the tmpfs unmounted, out/ holding the contract files alone, the copy gone
+        settle(out)
+        scratch.release(attempt.run_dir / sandbox.COMPILE_DIR)
+
+
+def settle(out: Path) -> list[str]:
+    """out/ after the training: its contract files, regular and within their limits, and nothing else
+    (scratch.settle); idempotent."""
+    return scratch.settle(out, fixed.contract_files(), {name: limit for name, limit in zip(
+        fixed.contract_files(), (safe_read.RESULT_LIMIT, safe_read.GRAPH_LIMIT, safe_read.TENSORS_LIMIT))})
+
+
+def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
     config, run_dir = ctx.config, attempt.run_dir
     budget, clock = config.budget_s, config.clock
-    out = run_dir / sandbox.OUT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    problems = tags.boundary_problems(config)
+    if problems:  # fail closed: never a run with less than its tag recorded
+        raise HarnessError("; ".join(problems))
+    try:
+        bounded = scratch.bounded_dir(out, config.out_limit_bytes)
+    except OSError as e:
+        raise HarnessError(f"out/ could not be made a tmpfs of {config.out_limit_bytes:,} bytes ({e})") from None
     problem = checked_source(ctx.repo, config, run_dir, attempt.pending.get("commit"))
     if problem:
         return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
@@ -146,17 +171,29 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
     # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator:
+    cgroup, how = (None, "") if config.accounting == "none" else runcgroup.make(run_dir.name)
+    if cgroup is None and config.accounting not in (None, "none"):
+        raise HarnessError(f"this tag's runs are measured in a {config.accounting} of their own, and none could be "
+                           f"made ({how})")
+    with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator, \
+            contextlib.ExitStack() as stack:
+        if cgroup is not None:
+            stack.callback(cgroup.close)
         launch = supervise.Launch(
             ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=tags.threads_per_run(config),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
-            spare=(evaluator.proc.pid,) if evaluator.proc else ())
+            spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
         try:
             training = supervise.run_training(launch, attempt.pending, attempt.pending_path, attempt.on_progress,
                                               attempt.prune)
         finally:
-            shutil.rmtree(run_dir / sandbox.COMPILE_DIR, ignore_errors=True)  # throwaway: no run reads it again
+            scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
+            dropped = settle(out)  # before anything reads it: the contract files, copied off the tmpfs
+        if dropped:
+            supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the contract files are): "
+                                 + ", ".join(dropped[:5]) + ("" if bounded else
+                                 " (out/ was on the disk: no right to mount a tmpfs here)"))
 
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
         refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)

@@ -170,16 +170,6 @@ def publish_log(repo: Path, log_path: Path) -> None:
     os.replace(tmp, repo / state.RUN_LOG)
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append to a harness file, never through a link."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-    except OSError:
-        return
-    with os.fdopen(fd, "a") as f:
-        f.write(line + "\n")
-
-
 def drop_model(run_dir: Path) -> None:
     """Only kept models are worth their disk."""
     contract = fixed.contract()
@@ -195,7 +185,7 @@ def record(repo: Path, row: ledger.Row, run_dir: Path | None = None) -> None:
     caller's marker of the run in flight (pending.json, inflight/<id>.json) is removed only after this."""
     log_path = run_dir / state.RUN_LOG if run_dir is not None else None
     if log_path is not None and row.status in ("keep", "discard", "confirm", "control"):
-        append_line(log_path, fixed.contract().final_line(row.val_bpb, row.memory_gb, row.steps))
+        supervise.append_line(log_path, fixed.contract().final_line(row.val_bpb, row.memory_gb, row.steps))
     state.fault_point("recording")
     ledger.append(state.results(repo), row)
     state.fault_point("recorded")

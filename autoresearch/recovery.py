@@ -11,9 +11,10 @@ command that takes the repository's lock finishes it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from autoresearch import git, ledger, processes, record, state, tagconfig, tags
+from autoresearch import git, ledger, processes, record, sandbox, scratch, state, tagconfig, tags
 from autoresearch.errors import HarnessError
 
 
@@ -60,6 +61,10 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
             branch_back(repo, parallel, inflight[-1].tag if inflight else None)
         return inflight[-1] if inflight else None
     processes.kill_recorded(pending.get("processes") or [])
+    run_dir = state.run_dir(repo, pending["run_id"])
+    for bounded in (sandbox.OUT_DIR, sandbox.COMPILE_DIR):  # a tmpfs the dead harness mounted (scratch.py)
+        if os.path.ismount(run_dir / bounded):
+            scratch.release(run_dir / bounded)
     config = tagconfig.read(state.tag_file(repo, pending['tag']))
     rows = ledger.read(state.results(repo), config.tag)
     row = None

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load, prune,
-                          record, recovery, sandbox, schedule, state, tags)
+                          record, recovery, sandbox, schedule, state, supervise, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -114,7 +114,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         on_progress=options.on_progress,
         prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None)))
     if base is not None:
-        record.append_line(run_dir / state.RUN_LOG, compiled.note(base))
+        supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, ran)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):

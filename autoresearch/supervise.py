@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, machine_load, processes, sandbox, state
+from autoresearch import fixed, machine_load, processes, sandbox, scratch, state
 
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
@@ -126,6 +126,8 @@ class Launch:
     clock: str = "wall"
     threads: int = 1
     spare: tuple = ()  # pids whose trees are not the training's: an evaluator started early, in its own sandbox
+    cgroup: object = None  # its runcgroup.RunCgroup: the kernel's count of its CPU time, its processes; None: none
+    file_limit: int | None = None  # bytes any file it writes may reach (RLIMIT_FSIZE; scratch.limit_files)
 
     def environment(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
@@ -154,9 +156,14 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     argv = [sys.executable, state.EDITABLE]
     processes.become_subreaper()  # orphans of the training become our children: still in the tree we kill
     log = CappedLog(run_dir / state.RUN_LOG)  # created before the training exists
-    proc = subprocess.Popen(processes.tied_to_parent(wrap(argv) if wrap else argv), cwd=launch.repo,
+    argv = wrap(argv) if wrap else argv
+    cgroup = launch.cgroup
+    if cgroup is not None:  # every process it ever starts is charged there, reaped by anyone or not
+        argv = cgroup.wrap(argv)
+    proc = subprocess.Popen(processes.tied_to_parent(argv), cwd=launch.repo,
                             env=launch.environment(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=scratch.limit_files(launch.file_limit) if launch.file_limit else None)
     log.start(proc.stdout)
     known = [processes.identity(proc.pid) or [proc.pid, 0.0]]
     pending["processes"] = known
@@ -172,7 +179,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
             now = time.monotonic()
             if result_after is None and os.path.lexists(result_path):
                 result_after = now - start
-                cpu_at_result = machine_load.tree_cpu_seconds(known)
+                cpu_at_result = cgroup.cpu_seconds() if cgroup else machine_load.tree_cpu_seconds(known)
                 written = files_state(out)
             if now - start > timeout:
                 timed_out = True
@@ -196,14 +203,20 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
         processes.reap_zombies(keep={*spare, *([proc.pid] if proc.returncode is None else [])})
         # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
         cpu_at_done = machine_load.tree_cpu_seconds(known) + (children_cpu() - children_before)
+        if cgroup is not None:  # the kernel's count: every process of the tree, reaped by anyone or not
+            cpu_at_done = cgroup.cpu_seconds()
         known += [i for i in processes.descendants(spare) if i not in known]
         processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
+        if cgroup is not None:
+            cgroup.kill()  # and whatever is in its cgroup, seen or not
         proc.wait()
         processes.reap(known)
         survivors = processes.end_descendants(spare)  # forked while the tree was being killed: re-parented here
+        if cgroup is not None:
+            survivors += cgroup.pids()
         log.close()
     wall = time.monotonic() - start
-    tree_cpu = children_cpu() - children_before
+    tree_cpu = cgroup.cpu_seconds() if cgroup is not None else children_cpu() - children_before
     final = files_state(out)
     if result_after is None and final[contract.RESULT_FILE] is not None:
         result_after, cpu_at_result, written = wall, tree_cpu, final
@@ -211,6 +224,16 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     return Training(None if timed_out or pruned else proc.returncode, timed_out, result_after, wall, cpu_at_result,
                     round(meter.others(tree_cpu), 3), len(survivors), done_after,
                     max(cpu_at_done, 0.0) or tree_cpu, rewritten, pruned)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append to a harness file, never through a link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+    except OSError:
+        return
+    with os.fdopen(fd, "a") as f:
+        f.write(line + "\n")
 
 
 def children_cpu() -> float:

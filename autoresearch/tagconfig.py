@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from autoresearch import heldout
+from autoresearch import scratch as scratch_
 from autoresearch.errors import HarnessError
 
 MAX_TRAIN_BYTES = 100_000  # a train.py larger than this is refused (the tag records its own): the default is
@@ -39,6 +40,10 @@ class Tag:
     compile_cache: str = "champion"   # champion or off (compiled.py)
     threads: int | None = None        # threads per run (parallel workers); None: the machine's cores
     peak_flops: dict | None = None    # the machine's peak FLOP/s per dtype, measured at setup
+    accounting: str | None = None     # each run's cgroup (runcgroup.py): cgroup v1, cgroup v2 or none; None: a tag
+                                      # from before, whose runs get one where it can be made
+    scratch: str | None = None        # out/ and the compile copy (scratch.py): tmpfs or disk; None: a tag from before
+    out_limit_bytes: int = scratch_.OUT_LIMIT  # what out/ may hold
     draw: int | None = None           # the draw itself, only in a parallel worker's copy (never written)
 
     @classmethod

@@ -19,7 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autoresearch import confine, decide, fixed, git, heldout, ledger, machine, sandbox, state, tagconfig
+from autoresearch import (confine, decide, fixed, git, heldout, ledger, machine, runcgroup, sandbox, scratch, state,
+                         tagconfig)
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
@@ -81,6 +82,8 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
                  created=time.strftime("%Y-%m-%dT%H:%M:%S"), protection=protection, decision=rule,
                  allowance_s=outside_allowance(profile), timeout_s=timeout or default_timeout(budget, clock),
                  draw_id=heldout.new_draw(), compile_cache=compile_cache_mode(),
+                 accounting=runcgroup.available(), scratch="tmpfs" if scratch.can_mount() else "disk",
+                 out_limit_bytes=scratch.out_limit(),
                  threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
     config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
                                                       config.hardware))
@@ -170,10 +173,27 @@ def pin_problems(config: Tag, protection: str, rule: str, timeout: float | None)
         problems.append(f"this tag decides by the {config.decision} rule, and this run asked for {rule}")
     if timeout is not None and config.timeout_s and timeout > config.timeout_s:
         problems.append(f"this tag's timeout is {config.timeout_s:g} s, and this run asked for {timeout:g} s")
+    problems += boundary_problems(config)
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
     if raw and float_or_none(raw) != config.allowance_s:
         problems.append(f"this tag allows {config.allowance_s:g} s outside the budget, and "
                         f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
+    return problems
+
+
+def boundary_problems(config: Tag) -> list[str]:
+    """Where this machine cannot now build a run's boundary as the tag recorded it at setup: its runs are refused,
+    never run with less (issue 50)."""
+    problems = []
+    if config.accounting not in (None, "none"):
+        got = runcgroup.available()
+        if got != config.accounting:
+            problems.append(f"this tag's runs are measured and bounded in a {config.accounting} of their own, and "
+                            f"none can be made now ({runcgroup.make('probe')[1]}): run as the user who set the tag "
+                            "up (root, for cgroup v1), or set up a new tag here")
+    if config.scratch == "tmpfs" and not scratch.can_mount():
+        problems.append("this tag's runs write out/ on a tmpfs of its size, and only root may mount one: run as "
+                        "root, or set up a new tag as this user (out/ then lies on the disk: docs/integrity.md)")
     return problems
 
 

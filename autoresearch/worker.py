@@ -181,7 +181,7 @@ class Worker:
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
         log_path = run_dir / state.RUN_LOG
         if base is not None:
-            record.append_line(log_path, compiled.note(base))
+            supervise.append_line(log_path, compiled.note(base))
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
         pending_path.unlink(missing_ok=True)
         return dict(where, status=ex.status, reason=ex.reason, result=ex.result, evaluation=ex.evaluation,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import compiled, fixed, sandbox, state
+from autoresearch import compiled, fixed, sandbox, scratch, state
 from autoresearch.tagconfig import Tag
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,7 +84,10 @@ def test_a_link_a_compile_phase_leaves_in_its_base_is_never_mounted(tmp_path, sm
     (run_dir / sandbox.OUT_DIR).mkdir()
     argv = sandbox.wrap([sys.executable, "train.py", sandbox.inductor_default_dir(), str(canary)], repo, run_dir,
                         small_cache, manifest)
-    out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=120)
+    try:
+        out = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=120)
+    finally:
+        scratch.release(run_dir / sandbox.COMPILE_DIR)
     assert out.stdout.strip() == "UNSEEN", out.stdout + out.stderr
 
 
@@ -103,3 +106,88 @@ def test_a_bind_source_that_is_not_a_directory_the_harness_made_is_refused(tmp_p
     (run_dir / sandbox.COMPILE_DIR / "headers").symlink_to("/")
     with pytest.raises(sandbox.SandboxError, match="headers"):
         sandbox.wrap([sys.executable, "train.py"], tmp_path, run_dir, small_cache, manifest)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may mount the tmpfs; elsewhere out/ is on the disk")
+def test_out_is_a_tmpfs_of_its_size_and_holds_only_the_contract_files_after(tmp_path):
+    from autoresearch import scratch
+    from autoresearch.evaluator import safe_read
+    out = tmp_path / "out"
+    assert scratch.bounded_dir(out, 2 << 20) and os.path.ismount(out)
+    with pytest.raises(OSError) as e, open(out / "junk", "wb") as f:  # the disk is never reached
+        for _ in range(4):
+            f.write(os.urandom(1 << 20))
+            f.flush()
+    assert e.value.errno == 28  # ENOSPC
+    (out / "junk").unlink()
+    (out / "result.json").write_text("{}")
+    (out / "model.graph.json").symlink_to("/etc/passwd")
+    os.mkfifo(out / "model.safetensors")
+    (out / "extra").mkdir()
+    dropped = scratch.settle(out, ("result.json", "model.graph.json", "model.safetensors"),
+                             {"result.json": safe_read.RESULT_LIMIT})
+    assert not os.path.ismount(out) and sorted(os.listdir(out)) == ["result.json"]
+    assert not (out / "result.json").is_symlink() and (out / "result.json").read_text() == "{}"
+    assert {d.split(" ")[0] for d in dropped} == {"model.graph.json", "model.safetensors", "extra"}
+    assert scratch.settle(out, ("result.json",), {}) == []  # idempotent: a second settle keeps what is there
+
+
+def test_a_cgroup_counts_the_cpu_of_a_child_the_kernel_reaped():
+    """The attack of issue 50: a training that ignores SIGCHLD trains in a child, reaped by the kernel: neither
+    the harness's scan of live processes nor RUSAGE_CHILDREN sees it (133 s of a 10 s budget, kept). The
+    kernel's count in the run's cgroup does."""
+    from autoresearch import runcgroup
+    cg, how = runcgroup.make("test")
+    if cg is None:
+        pytest.skip(f"no cgroup can be made here ({how})")
+    child = ("import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+             "if os.fork() == 0:\n    end = time.process_time() + 1.0\n    while time.process_time() < end: pass\n"
+             "    os._exit(0)\ntry:\n    os.wait()\nexcept ChildProcessError:\n    pass\n")
+    import resource
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with cg:
+        subprocess.run(cg.wrap([sys.executable, "-c", child]), check=True, timeout=120)
+        counted = cg.cpu_seconds()
+        assert cg.pids() == []
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert counted >= 1.0
+    assert (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) < 0.9  # what the old clock saw
+
+
+ATTACK_PRELUDE = '''import os as _os, signal as _signal, time as _time
+_signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)  # the child is reaped by the kernel, unseen
+if _os.fork() == 0:
+    _end = _time.process_time() + 40
+    while _time.process_time() < _end:
+        pass
+    _os._exit(0)
+'''
+ATTACK_END = '''    try:
+        _os.wait()  # with SIGCHLD ignored: returns once the child is gone, no status, no rusage
+    except ChildProcessError:
+        pass
+    os._exit(0)'''
+
+
+@pytest.mark.slow
+def test_on_the_cpu_clock_every_process_of_a_run_is_billed_and_an_honest_baseline_is_not(repo, env,
+                                                                                         bwrap_or_skip):
+    """Through the CLI: a stat baseline on the cpu clock keeps its 3 runs (each audited: an evaluation's CPU was
+    billed to the next run, and the second was refused), and a candidate that burns 40 CPU-s in a child the
+    kernel reaps is refused on the clock (it was kept: issue 50)."""
+    bwrap_or_skip()
+    from conftest import cli, sh
+    cpu = dict(env, AUTORESEARCH_BUDGET_CLOCK="cpu", AUTORESEARCH_OUTSIDE_ALLOWANCE="12")
+    assert cli(repo, "setup", "--tag", "c", env=cpu).returncode == 0
+    tag = json.loads((repo / ".autoresearch" / "tags" / "c.json").read_text())
+    assert tag["accounting"].startswith("cgroup")
+    out = cli(repo, "run", "-m", "baseline", env=cpu)
+    assert out.returncode == 0 and out.stdout.count("| baseline ") == 3, out.stdout + out.stderr
+    source = (repo / "train.py").read_text()
+    head, tail = source.rsplit("    os._exit(0)", 1)  # train.py ends its process itself, after the result
+    (repo / "train.py").write_text(ATTACK_PRELUDE + head + ATTACK_END + tail)
+    out = cli(repo, "run", "-m", "a child trains unseen", env=cpu)
+    assert "of CPU per thread" in out.stdout + out.stderr, out.stdout + out.stderr
+    from autoresearch import ledger
+    last = ledger.read(repo / "results.tsv")[-1]
+    assert last.status == "refused"

@@ -184,6 +184,8 @@ def test_a_run_trains_on_the_train_py_it_checked_and_committed(repo, env, tmp_pa
         assert (run_dir / sandbox.SOURCE).read_bytes() == (repo / "train.py").read_bytes()
         (repo / "train.py").write_text((repo / "train.py").read_text() + "\nX = 1  # swapped in after\n")
         assert "changed after it was checked and committed" in execute.checked_source(repo, config, run_dir, commit)
+        (run_dir / sandbox.VIEW_DIR).mkdir()  # made by the harness before a sandbox mounts them
+        (run_dir / sandbox.OUT_DIR).mkdir()
         argv = sandbox.wrap(["true"], repo, run_dir, Path(env["AUTORESEARCH_CACHE"]), _json.loads(
             (Path(env["AUTORESEARCH_CACHE"]) / "manifest.json").read_text()))
         at = argv.index(str(repo / "train.py"))

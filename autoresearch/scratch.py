@@ -1,0 +1,130 @@
+"""What a training may write, bounded by the kernel and emptied after it: `out/` and the compile cache's private
+copy, each on a tmpfs of its own with a size.
+
+Why: `out/` was an ordinary directory on the disk, never emptied; a discarded run left 4.1 GB there, and with
+the disk's free space one run ends every later one (ENOSPC, issue 50). A threshold the harness checks while the
+training writes is a race; a filesystem with a size is not.
+
+How (the mechanism, and what holds where the kernel offers less):
+- root on Linux: a tmpfs mounted on each (`size=` the tag's out_limit_bytes for out/; the base's bytes plus
+  COMPILE_ROOM for the copy), nosuid and nodev. Its pages are charged to the memory cgroup of whoever writes them
+  (the training's: runcgroup.py). After the training, settle() copies the contract files out (regular files of
+  bounded size, opened without following a link) into a plain directory that takes out/'s place; the tmpfs is
+  unmounted, and everything else the training left goes with it;
+- elsewhere (no right to mount): the same directories on the disk, every file a training writes capped at the
+  same size by RLIMIT_FSIZE (limit_files()), and out/ emptied of everything but the contract files after the
+  run. What a training writes in many files inside its budget is not bounded there: docs/integrity.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import shutil
+import stat
+from pathlib import Path
+
+from autoresearch.evaluator import safe_read
+
+OUT_LIMIT = 4 << 30      # bytes out/ may hold: the default model's export is ~40 MB; a 1B-parameter model's in
+                         # bf16 is 2 GB. The tag records its own (Tag.out_limit_bytes)
+COMPILE_ROOM = 1 << 30   # bytes a run may add to its private copy of the compile cache (graphs it compiles anew)
+MS_NOSUID, MS_NODEV, MNT_DETACH = 2, 4, 2
+LIMIT_ENV = "AUTORESEARCH_OUT_LIMIT"  # at setup: bytes (or 512M, 8G) a tag's out/ may hold, instead of OUT_LIMIT
+
+
+def out_limit() -> int:
+    """What a tag set up now records as out/'s size (its runs' exports must fit)."""
+    import re
+    text = os.environ.get(LIMIT_ENV, "").strip().lower()
+    if not text:
+        return OUT_LIMIT
+    m = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
+    if not m or int(m[1]) == 0:
+        from autoresearch.errors import HarnessError
+        raise HarnessError(f"{LIMIT_ENV}={os.environ[LIMIT_ENV]!r}: give the bytes out/ may hold (e.g. 8G, 512M)")
+    return int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def can_mount() -> bool:
+    return os.geteuid() == 0 and os.uname().sysname == "Linux"
+
+
+def mount(path: Path, size: int) -> None:
+    """A tmpfs of `size` bytes on the empty directory `path` (root only). OSError if the kernel refuses."""
+    opts = f"size={max(size, 1 << 20)},mode=0755".encode()
+    if _libc().mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+def unmount(path: Path) -> None:
+    """Detach a tmpfs (lazily: a sandbox that still holds it keeps its view until it ends) and remove its mount
+    point. Nothing if `path` is not a mount point."""
+    if os.path.ismount(path) and _libc().umount2(str(path).encode(), MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
+
+
+def bounded_dir(path: Path, size: int) -> bool:
+    """`path` made new and, where this process may mount, a tmpfs of `size` bytes. Whether it is bounded."""
+    path.mkdir()
+    if not can_mount():
+        return False
+    mount(path, size)
+    return True
+
+
+def limit_files(size: int):
+    """A preexec_fn for the training: no file it writes grows past `size` bytes (RLIMIT_FSIZE; SIGXFSZ ends it)."""
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return apply
+
+
+def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int]) -> list[str]:
+    """After the training: out/ holds the files named in `keep` that are regular files within their limits
+    (copied, never through a link), and nothing else; the tmpfs (if any) unmounted. What was dropped, by name."""
+    kept = out.parent / (out.name + ".kept")
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir()
+    dropped = []
+    for name in sorted(os.listdir(out)):
+        if name in keep:
+            try:
+                safe_read.copy_regular(out / name, kept / name, limits.get(name, OUT_LIMIT))
+            except (OSError, safe_read.Unsafe) as e:
+                dropped.append(f"{name} ({e})")
+        else:
+            dropped.append(name)
+    if os.path.ismount(out):
+        unmount(out)
+        out.rmdir()
+    else:
+        _empty(out)
+        out.rmdir()
+    kept.rename(out)
+    return dropped
+
+
+def _empty(path: Path) -> None:
+    """Remove everything in `path` without following a link out of it."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            os.unlink(entry.path)
+
+
+def release(path: Path) -> None:
+    """A run's bounded directory gone: unmounted if it is a mount point, removed."""
+    if os.path.ismount(path):
+        unmount(path)
+    if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):
+        os.unlink(path)
+    shutil.rmtree(path, ignore_errors=True)
