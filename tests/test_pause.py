@@ -2,6 +2,7 @@
 daemon it started included, runs nothing from before a run is measured until it ends, and what was paused runs
 again afterwards, even when the command that paused it was killed."""
 
+import contextlib
 import json
 import os
 import signal
@@ -159,3 +160,67 @@ def test_what_the_broker_runs_that_computes_never_runs_beside_a_run(repo, capsys
         assert "`autoresearch run`" in capsys.readouterr().out
     finally:
         server.close()
+
+
+# The attack on SIGSTOP: a process that arms a POSIX timer of its own whose signal is SIGCONT (timer_create,
+# SIGEV_SIGNAL): the kernel continues it every 0.3 s, however often it is stopped (seldom enough that a scan of
+# /proc finds it stopped: one that never stops is killed), and it continues a busy sibling in turn. Both keep
+# burning CPU while "paused".
+SIGCONT_TIMER = textwrap.dedent("""
+    import ctypes, os, signal, subprocess, sys, time
+    sibling = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    signal.signal(signal.SIGCONT, lambda *_: None)  # handled, not ignored: the kernel rearms an ignored timer never
+    libc = ctypes.CDLL(None, use_errno=True)
+    event = (ctypes.c_int * 16)()          # struct sigevent: sigev_value, sigev_signo, sigev_notify (SIGEV_SIGNAL)
+    event[2], event[3] = signal.SIGCONT, 0
+    timer = ctypes.c_void_p()
+    assert libc.timer_create(1, event, ctypes.byref(timer)) == 0, ctypes.get_errno()  # CLOCK_MONOTONIC
+    every = (ctypes.c_long * 4)(0, 300_000_000, 0, 300_000_000)  # it_interval, it_value: 0.3 s
+    assert libc.timer_settime(timer, 0, every, None) == 0, ctypes.get_errno()
+    print("ARMED", flush=True)
+    while True:
+        os.kill(sibling.pid, signal.SIGCONT)
+        for _ in range(10000):
+            pass
+""")
+LAUNCHER = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', sys.argv[1]])\ntime.sleep(600)"
+
+
+def cpu_seconds(sandbox: str) -> float:
+    return sum(ticks(pid) for pid in [sandbox, *pause.members(sandbox)] if os.path.exists(f"/proc/{pid}")) / \
+        os.sysconf("SC_CLK_TCK")
+
+
+def burned_while_paused(repo, seconds: float = 2.0) -> float:
+    """CPU seconds the registered agent's processes used while a command held the pause for `seconds`."""
+    sandbox = pause.registered(repo)[0][0]
+    with pause.paused(repo):
+        before = cpu_seconds(sandbox)
+        time.sleep(seconds)
+        return cpu_seconds(sandbox) - before
+
+
+@pytest.fixture
+def timer_agent(tmp_path):
+    """An agent merely registered (no bubblewrap needed): a launcher whose child arms the SIGCONT timer."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", LAUNCHER, SIGCONT_TIMER])
+    pause.register(repo, proc.pid)
+    deadline = time.monotonic() + 10
+    while len(pause.members(str(proc.pid))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the timer armed
+    yield repo, proc
+    for pid in pause.members(str(proc.pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+
+
+def test_a_sigcont_timer_of_the_agents_own_undoes_a_pause_by_sigstop(timer_agent):
+    repo, _ = timer_agent
+    burned = burned_while_paused(repo)
+    print(f"SIGSTOP: {burned:.2f} CPU-s burned in 2 s of pause")
+    assert burned > 0.1  # the attack wins against SIGSTOP
