@@ -230,11 +230,12 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker checking what it
     asks with `parser` (the CLI's); its exit status."""
     import prepare
-    if not sandbox.bwrap_works():
+    if not sandbox.bwrap_works():  # never unconfined
         raise errors.HarnessError("`autoresearch agent` confines the agent with bubblewrap, which is missing or "
-                                  "cannot create namespaces here: install it (`apt-get install bubblewrap`). "
-                                  "Without it, `autoresearch loop --agent NAME` still runs an agent, checked "
-                                  "afterwards instead of confined (docs/integrity.md).")
+                                  f"cannot create namespaces here: {sandbox.failure()}. "
+                                  + ("" if sandbox.bwrap_expected() else
+                                     "Without it, `autoresearch loop --agent NAME` on a tag set up without it still "
+                                     "runs an agent, checked afterwards instead of confined (docs/integrity.md)."))
     prepare.require_manifest()  # not prepared: say how before anything starts
     command = command or [os.environ.get("SHELL") or "bash"]
     if shutil.which(command[0]) is None:
