@@ -201,12 +201,22 @@ class ExternalAgent:
 
     def confined(self) -> bool:
         """Whether the agent runs in its sandbox: where bubblewrap works, on a tag whose protection is bubblewrap
-        (one set up with --sandbox off asked for no enforcement, and is checked afterwards only)."""
+        (one set up with --sandbox off asked for no enforcement, and is checked afterwards only). Where bubblewrap
+        is expected (the tag says bwrap, or it worked on this machine before: sandbox.bwrap_record) and fails
+        now, AgentError: the agent is refused, never run unconfined."""
         try:
             protection = json.loads(state.tag_file(self.repo, self.tag).read_text()).get("protection")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             protection = None
-        return protection != "none" and sandbox.bwrap_works()
+        if protection == "none":
+            return False
+        if sandbox.bwrap_works():
+            return True
+        if protection == "bwrap" or sandbox.bwrap_expected() is not None:
+            raise AgentError("the agent is not started: its confinement cannot be built, and it never runs "
+                             f"unconfined where bubblewrap is expected (tag {self.tag}: protection "
+                             f"{protection or 'unpinned'}). {sandbox.failure()}")
+        return False
 
     def observe(self, outcome) -> None:
         self.last_outcome = outcome

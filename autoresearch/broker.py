@@ -28,7 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, lock, memcap, pause, sandbox, state
+from autoresearch import confine, errors, freezer, lock, memcap, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -230,11 +230,12 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker checking what it
     asks with `parser` (the CLI's); its exit status."""
     import prepare
-    if not sandbox.bwrap_works():
+    if not sandbox.bwrap_works():  # never unconfined
         raise errors.HarnessError("`autoresearch agent` confines the agent with bubblewrap, which is missing or "
-                                  "cannot create namespaces here: install it (`apt-get install bubblewrap`). "
-                                  "Without it, `autoresearch loop --agent NAME` still runs an agent, checked "
-                                  "afterwards instead of confined (docs/integrity.md).")
+                                  f"cannot create namespaces here: {sandbox.failure()}. "
+                                  + ("" if sandbox.bwrap_expected() else
+                                     "Without it, `autoresearch loop --agent NAME` on a tag set up without it still "
+                                     "runs an agent, checked afterwards instead of confined (docs/integrity.md)."))
     prepare.require_manifest()  # not prepared: say how before anything starts
     command = command or [os.environ.get("SHELL") or "bash"]
     if shutil.which(command[0]) is None:
@@ -245,6 +246,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         if problem:
             raise errors.HarnessError(problem)
     cap = memcap.Cap("broker")  # what it holds while paused is bounded (memcap.py)
+    frozen = freezer.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
     broker = Broker(repo, parser)
     try:
         private = broker.dir / "state"
@@ -256,9 +258,10 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
               f"its credentials, a private scratch for its session (~/.claude/projects, ...)"
               f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
-              f"as it is; {cap.how}. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
-        sandbox_proc = subprocess.Popen(cap.wrap(argv))
-        entry = pause.register(repo, sandbox_proc.pid)
+              f"as it is; {cap.how}; {frozen.how}. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.",
+              file=sys.stderr)
+        sandbox_proc = subprocess.Popen(cap.wrap(frozen.wrap(argv)))
+        entry = pause.register(repo, sandbox_proc.pid, frozen.dir)
         watchdog = pause.Watchdog(repo)
         broker.ready.set()
         try:
@@ -272,4 +275,5 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             entry.unlink(missing_ok=True)
     finally:
         broker.close()
+        frozen.close()
         cap.close()

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from autoresearch import heldout
-from autoresearch.sandbox import CONFINED, PROC_READ_ONLY, python_dirs, training_files
+from autoresearch.sandbox import CONFINED, PROC_READ_ONLY, bwrap_record, python_dirs, training_files
 
 # What agents keep writable beside train.py: their credentials and prompt history, nothing they run, source or
 # obey. Their state directories are otherwise read-only: a SessionStart hook written into ~/.claude/settings.json
@@ -131,7 +131,8 @@ def allow_problem(path: Path, repo: Path, cache: Path) -> str | None:
                *(home / ".cache").glob("autoresearch*"), *prepared_caches(), *python_dirs(),
                *(home / rel for rel in HIDDEN_HOME + STARTUP_FILES), *map(Path, SYSTEM_WRITE_GUARDED),
                *(Path(d) for d in os.environ.get("PATH", "").split(os.pathsep) if d),  # a `git` planted there
-               Path(os.environ.get("HF_HOME") or home / ".cache" / "huggingface")]  # mounted into every training
+               Path(os.environ.get("HF_HOME") or home / ".cache" / "huggingface"),  # mounted into every training
+               bwrap_record().parent]  # the record that bubblewrap worked here (sandbox.protection fails closed)
     guarded += [g.resolve() for g in guarded]  # a dotfile that is a link (a dotfile manager's)
     for g in guarded:
         if path == g or path.is_relative_to(g) or g.is_relative_to(path):

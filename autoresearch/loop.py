@@ -96,6 +96,9 @@ def main(repo: Path, args, log=print) -> int:
         protection = sandbox.protection(args.sandbox or tags.sandbox_mode_of(config))  # --sandbox on without bubblewrap: an error before any run
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
+    if config.protection == "bwrap" and protection != "bwrap":  # never a night with less than the tag's protection
+        raise HarnessError(f"tag {config.tag} runs every training and its agent under bubblewrap: "
+                           + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
     rule = args.decision or config.decision or "stat"
     recovery.recover(repo, log)
     agent = make_agent(repo, config, args.agent, args.agent_timeout)

@@ -61,22 +61,23 @@ def limit() -> int | None:
     return int(m[1]) * UNITS[m[2]]
 
 
-def v1_parent() -> Path | None:
-    """This process's memory cgroup (v1) as a directory it may create children in, or None."""
+def v1_parent(controller: str = "memory", probe: str | None = "memory.limit_in_bytes") -> Path | None:
+    """This process's cgroup (v1) of `controller` as a directory it may create children in (holding `probe`,
+    where one is named), or None."""
     try:
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
         own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if "memory" in line.split(":", 2)[1].split(","))
+                   if controller in line.split(":", 2)[1].split(","))
     except (OSError, StopIteration, IndexError):
         return None
     for line in mounts:
         fields = line.split()
         sep = fields.index("-")
-        if fields[sep + 1] == "cgroup" and "memory" in fields[sep + 3].split(","):
+        if fields[sep + 1] == "cgroup" and controller in fields[sep + 3].split(","):
             root, point = fields[3], Path(fields[4])
             if own == root or own.startswith(root.rstrip("/") + "/"):
                 parent = point / own[len(root):].lstrip("/")
-                if (parent / "memory.limit_in_bytes").exists() and os.access(parent, os.W_OK):
+                if (probe is None or (parent / probe).exists()) and os.access(parent, os.W_OK):
                     return parent
     return None
 

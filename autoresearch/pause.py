@@ -9,16 +9,23 @@ found no margin on it that holds: a hog a quarter of a core strong, under any ma
 allows, still kept a no-op 10-38% of the time, and a nice-19 hog inflates a run's `load` for nothing
 (BENCHMARKS.md, Decisions on a drifting machine). So the load is not measured and judged: it is impossible.
 
-How: `autoresearch agent` (broker.py) registers its sandbox here, in the repository's state directory, which the
-agent cannot write: bubblewrap's pid (and its start time). Every process the agent starts, however it
-daemonises, stays a descendant of it: confine.wrap_agent unshares a pid namespace, whose init (a descendant)
-adopts every orphan, and a namespace the agent nests inside it has its init in the tree too. Every command that
-trains (`run`,
-`loop`: cli.py) holds `paused(repo)` from the moment it holds the repository's lock: each registered agent's
-processes are sent SIGSTOP until a scan of /proc finds every one of them stopped (a stopped process cannot fork,
-so this ends), before anything is measured or trained, and SIGCONT when the command ends. A stopped process uses
-no CPU, memory bandwidth or disk. If the command dies by SIGKILL, the broker's watchdog continues what it stopped
-once the repository's lock is free (the kernel releases it with its holder), within WATCH_EVERY.
+How: `autoresearch agent` (broker.py) starts its sandbox in a freezer cgroup of its own (freezer.py) and
+registers it here, in the repository's state directory, which the agent cannot write: bubblewrap's pid (and its
+start time) and the cgroup. Every command that trains (`run`, `loop`: cli.py) holds `paused(repo)` from the moment
+it holds the repository's lock: the kernel freezes each registered agent's cgroup, and the pause begins once it
+reports it frozen, before anything is measured or trained. A frozen task runs nothing, whatever signal it gets: a
+SIGCONT timer of the agent's own (the attack that undid a pause by SIGSTOP) does not thaw it. While the pause is
+held a thread checks every CHECK_EVERY that each cgroup is still frozen, freezes it again if not, and kills it if
+that fails; a cgroup that cannot be frozen, or whose freezing the kernel does not confirm within
+freezer.FREEZE_WAIT, is killed (fail closed: an agent registered with a freezer is never paused with less). At the
+end it is thawed. If the command dies by SIGKILL, the broker's watchdog thaws what it froze once the repository's
+lock is free (the kernel releases it with its holder), within WATCH_EVERY.
+
+Where there is no freezer (no writable cgroup: freezer.Freezer says so as the agent starts), the registered
+sandbox is paused as before, and said so on every pause: every process descending from bubblewrap (confine.
+wrap_agent unshares a pid namespace, whose init, a descendant, adopts every orphan, and a namespace the agent
+nests inside it has its init in the tree too) is sent SIGSTOP until a scan of /proc finds every one stopped, and
+SIGCONT at the end. A SIGCONT timer of the agent's own undoes that (docs/integrity.md).
 
 What an agent sees: its `autoresearch run` returns when the run ends, as before; a `--detach`ed run returns at
 once, and the agent's next step happens after the run ends. An agent the user runs without `autoresearch agent`
@@ -32,17 +39,19 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from autoresearch import errors, lock, processes, state
+from autoresearch import errors, freezer, lock, processes, state
 
 REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
 STOP_TRIES = 200       # scans of /proc (a few seconds) before a process that will not stop is killed
 WATCH_EVERY = 1.0      # seconds between two checks of the broker's watchdog
+CHECK_EVERY = 1.0      # seconds between two checks that a held pause's cgroups are still frozen
 STOPPED = ("T", "t", "Z", "X")  # /proc/PID/stat states of a process that runs nothing
 
 
@@ -121,49 +130,123 @@ def registry(repo: Path) -> Path:
     return state.state_dir(repo) / REGISTRY
 
 
-def register(repo: Path, sandbox_pid: int) -> Path:
-    """Note a running agent sandbox (its bubblewrap's pid) of this repository; its file (remove it when the
-    sandbox ends)."""
+def register(repo: Path, sandbox_pid: int, cgroup: Path | None = None) -> Path:
+    """Note a running agent sandbox (its bubblewrap's pid) of this repository, and the freezer cgroup it started
+    in (freezer.Freezer; None: none here); its file (remove it when the sandbox ends)."""
     entry = registry(repo) / f"{sandbox_pid}.json"
-    state.atomic_json(entry, {"process": processes.identity(sandbox_pid)})
+    state.atomic_json(entry, {"process": processes.identity(sandbox_pid),
+                              "freezer": None if cgroup is None else str(cgroup)})
     return entry
 
 
-def registered(repo: Path) -> list[tuple[str, Path]]:
-    """(its bubblewrap's pid, the file listing what a pause stopped) of each agent sandbox of the repository that
-    still runs (the same process: a pid is reused once its process is gone)."""
+def registered(repo: Path) -> list[tuple[str, Path, Path | None]]:
+    """(its bubblewrap's pid, the file listing what a pause stopped or froze, its freezer cgroup or None) of each
+    agent sandbox of the repository that still runs (the same process: a pid is reused once its process is gone)."""
     found = []
     for entry in sorted(registry(repo).glob("*.json")) if registry(repo).is_dir() else []:
         try:
-            ident = json.loads(entry.read_text())["process"]
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads(entry.read_text())
+            ident, cgroup = data["process"], data.get("freezer")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         if processes.same_process(ident) is not None:
-            found.append((str(ident[0]), entry.with_suffix(".stopped")))
+            found.append((str(ident[0]), entry.with_suffix(".stopped"), None if cgroup is None else Path(cgroup)))
     return found
+
+
+def hold(sandbox: str, cgroup: Path, note: Path) -> None:
+    """Freeze the sandbox's cgroup, or kill every process of it (and of the sandbox's tree) if the kernel does not
+    report it frozen: an agent set up with a freezer is never left running, nor paused with less."""
+    state.atomic_json(note, {"frozen": str(cgroup)})
+    if freezer.freeze(cgroup):
+        return
+    print(f"autoresearch: the agent's freezer cgroup {cgroup} could not be frozen: the agent's sandbox is killed "
+          "instead, so that nothing of it runs beside the run (docs/integrity.md)", file=sys.stderr)
+    end(sandbox, cgroup)
+
+
+def end(sandbox: str, cgroup: Path) -> None:
+    """Kill the sandbox: its cgroup, and every process descending from its bubblewrap; PauseError if any lives."""
+    killed = freezer.kill(cgroup)
+    for pid in [*members(sandbox), sandbox]:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    deadline = time.monotonic() + freezer.FREEZE_WAIT
+    while any(runs(pid) for pid in members(sandbox)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not killed or any(runs(pid) for pid in members(sandbox)):
+        raise PauseError(f"the agent's sandbox {sandbox} could neither be frozen nor killed ({cgroup})")
+
+
+class Keeper:
+    """While a pause is held: every CHECK_EVERY, each frozen cgroup checked, frozen again if it was thawed, killed
+    if that fails. `thawed`: the cgroups it found thawed."""
+
+    def __init__(self, held: list[tuple[str, Path]]):
+        self.held, self.thawed = held, []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._keep, daemon=True)
+        self.thread.start()
+
+    def _keep(self) -> None:
+        while not self.done.wait(CHECK_EVERY):
+            for sandbox, cgroup in self.held:
+                if freezer.frozen(cgroup) or self.done.is_set():
+                    continue
+                self.thawed.append(cgroup)
+                print(f"autoresearch: the agent's freezer cgroup {cgroup} was thawed during a pause: frozen again",
+                      file=sys.stderr)
+                if not freezer.freeze(cgroup):
+                    try:
+                        end(sandbox, cgroup)
+                    except PauseError as e:
+                        print(f"autoresearch: {e}", file=sys.stderr)
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def release(note: Path) -> None:
+    """Thaw or continue what a pause noted, and forget the note."""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        done = json.loads(note.read_text())
+        if "frozen" in done:
+            freezer.thaw(Path(done["frozen"]))
+        else:
+            cont(done["stopped"])
+    note.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
 def paused(repo: Path):
-    """Every registered agent of the repository stopped, for the duration (cli.py: run and loop, under the lock).
-    What its broker runs outside the sandbox is not the agent's code: `run` holds the lock, and the brokered
-    commands that compute (broker.LOCKED: `sample` runs the model) take it too, so none runs beside a run."""
-    done = []
+    """Every registered agent of the repository frozen (or stopped, where it has no freezer), for the duration
+    (cli.py: run and loop, under the lock). What its broker runs outside the sandbox is not the agent's code:
+    `run` holds the lock, and the brokered commands that compute (broker.LOCKED: `sample` runs the model) take it
+    too, so none runs beside a run."""
+    done, held, keeper = [], [], None
     try:
-        for sandbox, note in registered(repo):
+        for sandbox, note, cgroup in registered(repo):
             done.append(note)
-            stop(lambda sandbox=sandbox: members(sandbox), note)
+            if cgroup is None:
+                print(f"autoresearch: the agent's sandbox {sandbox} has NO freezer: paused with SIGSTOP, which a "
+                      "process of its own can undo (a SIGCONT timer; docs/integrity.md)", file=sys.stderr)
+                stop(lambda sandbox=sandbox: members(sandbox), note)
+            else:
+                hold(sandbox, cgroup, note)
+                held.append((sandbox, cgroup))
+        keeper = Keeper(held) if held else None
         yield done
     finally:
+        if keeper is not None:
+            keeper.close()
         for note in done:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                cont(json.loads(note.read_text())["stopped"])
-            note.unlink(missing_ok=True)
+            release(note)
 
 
 class Watchdog:
-    """The broker's: continues what a pause stopped once no command holds the repository's lock (a command that
-    paused and died by SIGKILL never continued it)."""
+    """The broker's: thaws or continues what a pause froze or stopped once no command holds the repository's lock
+    (a command that paused and died by SIGKILL never released it)."""
 
     def __init__(self, repo: Path):
         self.repo = repo
@@ -179,9 +262,7 @@ class Watchdog:
             try:  # held, no command can be pausing meanwhile
                 with lock.RepoLock(state.state_dir(self.repo), "autoresearch agent (continuing its paused agent)"):
                     for note in notes:
-                        with contextlib.suppress(OSError, ValueError, KeyError):
-                            cont(json.loads(note.read_text())["stopped"])
-                        note.unlink(missing_ok=True)
+                        release(note)
             except lock.LockHeld:
                 continue  # a command holds it: it continues what it paused when it ends
 

@@ -32,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from autoresearch import state
@@ -81,21 +82,65 @@ def make_view(run_dir: Path, cache: Path, manifest: dict, peaks: dict | None = N
     return view
 
 
+RECORD = "bwrap-worked.json"  # in the user's state directory (bwrap_record): bubblewrap worked on this machine
+FAILURE: dict[str, str] = {}  # why bwrap_works() last said no ("why"): bubblewrap's own words
+
+
+def bwrap_record() -> Path:
+    """Where the harness records that bubblewrap worked here: the user's state directory ($XDG_STATE_HOME, else
+    ~/.local/state), outside every repository; read-only to every agent (confine.wrap_agent's view of the machine),
+    and no path an agent may be given to write (confine.allow_problem: ~/.local)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(Path.home(), ".local", "state")
+    return Path(base) / "autoresearch" / RECORD
+
+
+def bwrap_expected() -> Path | None:
+    """The record, if bubblewrap worked on this machine before: from then its failure is an error, not `none`."""
+    return bwrap_record() if bwrap_record().is_file() else None
+
+
 @functools.lru_cache(maxsize=None)
 def bwrap_works() -> bool:
-    """Whether bubblewrap is installed and can create the namespaces it needs here, from an empty root."""
+    """Whether bubblewrap is installed and can create the namespaces it needs here, from an empty root. Once it
+    does, that is recorded (bwrap_record); when it does not, FAILURE says why."""
     exe = shutil.which("bwrap")
     if exe is None:
+        FAILURE["why"] = "`bwrap` is not on PATH"
         return False
     try:
         proc = subprocess.run([*empty_root(), "--", sys.executable, "-c", "pass"], capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired) as e:
+        FAILURE["why"] = f"{exe}: {e}"
         return False
-    return proc.returncode == 0
+    if proc.returncode != 0:
+        FAILURE["why"] = (proc.stderr.decode(errors="replace").strip()[-500:]
+                          or f"{exe} exited with status {proc.returncode}")
+        return False
+    if bwrap_expected() is None:
+        try:
+            state.atomic_json(bwrap_record(), {"bwrap": exe, "since": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        except OSError:
+            pass  # a read-only home: unrecorded, `auto` stays as lenient as before
+    return True
+
+
+def failure() -> str:
+    """Why bubblewrap cannot be used here, with the fix: for an error where it was expected."""
+    why = FAILURE.get("why", "it cannot create namespaces")
+    record = bwrap_expected()
+    where = f"bubblewrap worked here before (recorded in {record}) and fails now" if record else \
+        "bubblewrap fails here"
+    return (f"{where}: {why}. If the user namespaces are used up (an agent's processes may hold them open; "
+            "/proc/sys/user/max_user_namespaces), end those processes or raise the limit; if bubblewrap is gone, "
+            "install it (`apt-get install bubblewrap`); or run with `--sandbox off` explicitly (no enforcement, "
+            "docs/integrity.md)" + (f"; if this machine is to run without it for good, remove {record}"
+                                    if record else ""))
 
 
 def protection(mode: str) -> str:
-    """The protection a run gets under --sandbox mode: 'bwrap' or 'none'."""
+    """The protection a run gets under --sandbox mode: 'bwrap' or 'none'. `auto` is `none` only where bubblewrap
+    never worked: once it has (bwrap_record), its failure is an error, never a quiet drop to no protection (an
+    agent that used up the user namespaces would otherwise have its next tag set up without the sandbox)."""
     if mode not in MODES:
         raise SandboxError(f"--sandbox {mode!r}: choose auto, on or off.")
     if mode == "off":
@@ -103,9 +148,11 @@ def protection(mode: str) -> str:
     if bwrap_works():
         return "bwrap"
     if mode == "on":
-        raise SandboxError("--sandbox on needs bubblewrap, and `bwrap` is missing or cannot create namespaces here. "
-                           "Install it (`apt-get install bubblewrap` on Debian/Ubuntu), or set the tag up with "
-                           "`--sandbox off` (no enforcement; see docs/integrity.md).")
+        raise SandboxError("--sandbox on needs bubblewrap, and `bwrap` is missing or cannot create namespaces here "
+                           f"({FAILURE.get('why', '')}). Install it (`apt-get install bubblewrap` on Debian/Ubuntu), "
+                           "or set the tag up with `--sandbox off` (no enforcement; see docs/integrity.md).")
+    if bwrap_expected() is not None:
+        raise SandboxError(failure())
     return "none"
 
 

@@ -275,7 +275,7 @@ def test_a_bad_tag_name_and_a_damaged_tag_file(repo, env):
 def test_sandbox_on_without_bubblewrap_names_the_package(repo, env, tmp_path):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "git").symlink_to(shutil.which("git"))
-    no_bwrap = dict(env, PATH=str(tmp_path / "bin"))
+    no_bwrap = dict(env, PATH=str(tmp_path / "bin"), XDG_STATE_HOME=str(tmp_path / "state"))  # never worked here
     assert cli(repo, "setup", "--tag", "s", env=no_bwrap).returncode == 0
     out = cli(repo, "run", "-m", "x", "--sandbox", "on", env=no_bwrap)
     assert out.returncode == 2 and "apt-get install bubblewrap" in out.stderr and rows(repo) == []

@@ -2,6 +2,7 @@
 daemon it started included, runs nothing from before a run is measured until it ends, and what was paused runs
 again afterwards, even when the command that paused it was killed."""
 
+import contextlib
 import json
 import os
 import signal
@@ -57,10 +58,22 @@ def nested(pid: str) -> bool:
         return len(next(line for line in f if line.startswith("NSpid:")).split()) > 3
 
 
-@pytest.fixture
-def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
-    """A sandboxed agent as `autoresearch agent` starts one (its own pid namespace), registered for tmp_path."""
+def held(repo, namespace: str) -> bool:
+    """Whether the agent is paused now: its cgroup frozen, or (no freezer) every process of it stopped."""
+    from autoresearch import freezer
+    cgroup = pause.registered(repo)[0][2]
+    return freezer.frozen(cgroup) if cgroup is not None else set(states(namespace).values()) <= set(pause.STOPPED)
+
+
+@pytest.fixture(params=["freezer", "sigstop"])
+def agent(tmp_path, env, monkeypatch, bwrap_or_skip, request):
+    """A sandboxed agent as `autoresearch agent` starts one (its own pid namespace, in a freezer cgroup of its
+    own where one can be made), registered for tmp_path."""
     bwrap_or_skip()
+    from autoresearch import freezer
+    frozen = freezer.Freezer("test") if request.param == "freezer" else None
+    if frozen is not None and frozen.dir is None:
+        pytest.skip(frozen.how)
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     from autoresearch import confine
     repo = tmp_path / "repo"
@@ -70,8 +83,8 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
     private = tmp_path / "private"
     private.mkdir()
     argv = confine.wrap_agent([sys.executable, "agent.py"], repo, private=private)
-    proc = subprocess.Popen(argv)
-    entry = pause.register(repo, proc.pid)
+    proc = subprocess.Popen(frozen.wrap(argv) if frozen else argv)
+    entry = pause.register(repo, proc.pid, frozen and frozen.dir)
     namespace = pause.registered(repo)[0][0]  # the sandbox: its bubblewrap's pid
     deadline = time.monotonic() + 10
     def started():  # the nested one, and the one whose main thread exited (Z, its other thread running)
@@ -84,6 +97,8 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip):
     yield repo, namespace, entry
     proc.kill()
     proc.wait()
+    if frozen is not None:
+        frozen.close()
 
 
 def test_a_run_pauses_every_process_of_the_agents_sandbox_and_continues_them_after(agent):
@@ -97,7 +112,7 @@ def test_a_run_pauses_every_process_of_the_agents_sandbox_and_continues_them_aft
         assert len(notes) == 1
         before = {pid: ticks(pid) for pid in pause.members(namespace)}
         time.sleep(0.5)
-        assert not any(pause.runs(pid) for pid in pause.members(namespace)), states(namespace)
+        assert held(repo, namespace), states(namespace)
         assert {pid: ticks(pid) for pid in before} == before  # nothing ran while paused, no thread of it
     time.sleep(0.2)
     after = states(namespace)
@@ -118,12 +133,13 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
                 os.kill(os.getpid(), signal.SIGKILL)
         """)], cwd=os.path.dirname(os.path.dirname(pause.__file__)))
     assert killed.returncode == -signal.SIGKILL
-    assert set(states(namespace).values()) <= set(pause.STOPPED)  # left paused
+    assert held(repo, namespace)  # left paused
     watchdog = pause.Watchdog(repo)
     try:
         deadline = time.monotonic() + 5 * pause.WATCH_EVERY
-        while any(s in ("T", "t") for s in states(namespace).values()) and time.monotonic() < deadline:
+        while held(repo, namespace) and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert not held(repo, namespace), states(namespace)
         assert not any(s in ("T", "t") for s in states(namespace).values()), states(namespace)
     finally:
         watchdog.close()
@@ -131,7 +147,7 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
     with lock.RepoLock(state.state_dir(repo), "autoresearch run"), pause.paused(repo):
         watchdog = pause.Watchdog(repo)
         time.sleep(3 * pause.WATCH_EVERY)
-        assert set(states(namespace).values()) <= set(pause.STOPPED)
+        assert held(repo, namespace)
         watchdog.close()
 
 
@@ -159,3 +175,109 @@ def test_what_the_broker_runs_that_computes_never_runs_beside_a_run(repo, capsys
         assert "`autoresearch run`" in capsys.readouterr().out
     finally:
         server.close()
+
+
+# The attack on SIGSTOP: a process that arms a POSIX timer of its own whose signal is SIGCONT (timer_create,
+# SIGEV_SIGNAL): the kernel continues it every 0.3 s, however often it is stopped (seldom enough that a scan of
+# /proc finds it stopped: one that never stops is killed), and it continues a busy sibling in turn. Both keep
+# burning CPU while "paused".
+SIGCONT_TIMER = textwrap.dedent("""
+    import ctypes, os, signal, subprocess, sys, time
+    sibling = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    signal.signal(signal.SIGCONT, lambda *_: None)  # handled, not ignored: the kernel rearms an ignored timer never
+    libc = ctypes.CDLL(None, use_errno=True)
+    event = (ctypes.c_int * 16)()          # struct sigevent: sigev_value, sigev_signo, sigev_notify (SIGEV_SIGNAL)
+    event[2], event[3] = signal.SIGCONT, 0
+    timer = ctypes.c_void_p()
+    assert libc.timer_create(1, event, ctypes.byref(timer)) == 0, ctypes.get_errno()  # CLOCK_MONOTONIC
+    every = (ctypes.c_long * 4)(0, 300_000_000, 0, 300_000_000)  # it_interval, it_value: 0.3 s
+    assert libc.timer_settime(timer, 0, every, None) == 0, ctypes.get_errno()
+    print("ARMED", flush=True)
+    while True:
+        os.kill(sibling.pid, signal.SIGCONT)
+        for _ in range(10000):
+            pass
+""")
+LAUNCHER = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', sys.argv[1]])\ntime.sleep(600)"
+
+
+def cpu_seconds(sandbox: str) -> float:
+    return sum(ticks(pid) for pid in [sandbox, *pause.members(sandbox)] if os.path.exists(f"/proc/{pid}")) / \
+        os.sysconf("SC_CLK_TCK")
+
+
+def burned_while_paused(repo, seconds: float = 2.0) -> float:
+    """CPU seconds the registered agent's processes used while a command held the pause for `seconds`."""
+    sandbox = pause.registered(repo)[0][0]
+    with pause.paused(repo):
+        before = cpu_seconds(sandbox)
+        time.sleep(seconds)
+        return cpu_seconds(sandbox) - before
+
+
+@pytest.fixture(params=["sigstop", "v2", "v1"])
+def timer_agent(tmp_path, request, monkeypatch):
+    """An agent merely registered (no bubblewrap needed): a launcher whose child arms the SIGCONT timer, started
+    as `autoresearch agent` starts its sandbox: in a freezer cgroup of its own (v2 or v1, where this machine can
+    make one), or without one (SIGSTOP)."""
+    from autoresearch import freezer
+    if request.param == "v1":
+        monkeypatch.setattr(freezer, "v2_parent", lambda: None)
+    cgroup = None
+    with contextlib.ExitStack() as stack:
+        argv = [sys.executable, "-c", LAUNCHER, SIGCONT_TIMER]
+        if request.param != "sigstop":
+            frozen = stack.enter_context(freezer.Freezer("test"))
+            if frozen.dir is None or freezer.kind(frozen.dir) != request.param:
+                pytest.skip(frozen.how if frozen.dir is None else f"a cgroup {freezer.kind(frozen.dir)} here")
+            argv, cgroup = frozen.wrap(argv), frozen.dir
+        repo = tmp_path / "repo"
+        repo.mkdir()
+        proc = subprocess.Popen(argv)
+        pause.register(repo, proc.pid, cgroup)
+        deadline = time.monotonic() + 10
+        while len(pause.members(str(proc.pid))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the timer armed
+        yield repo, proc, cgroup
+        for pid in pause.members(str(proc.pid)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+
+
+def test_a_sigcont_timer_of_the_agents_own_undoes_a_pause_by_sigstop_not_a_frozen_cgroup(timer_agent, capsys):
+    repo, proc, cgroup = timer_agent
+    burned = burned_while_paused(repo)
+    print(f"{'SIGSTOP' if cgroup is None else cgroup.parent}: {burned:.2f} CPU-s burned in 2 s of pause")
+    if cgroup is None:
+        assert burned > 0.1  # the attack wins against SIGSTOP
+        assert "NO freezer" in capsys.readouterr().err  # and the pause says so
+        return
+    assert burned < 0.05, burned  # frozen: nothing ran, however often its timer fired
+    time.sleep(0.5)
+    after = cpu_seconds(str(proc.pid))
+    time.sleep(0.5)
+    assert cpu_seconds(str(proc.pid)) > after  # thawed at the end: it runs again
+    assert not list(pause.registry(repo).glob("*.stopped"))
+
+
+def test_a_cgroup_thawed_during_the_pause_is_frozen_again_and_one_that_cannot_freeze_is_killed(timer_agent):
+    from autoresearch import freezer
+    repo, proc, cgroup = timer_agent
+    if cgroup is None:
+        pytest.skip("the freezer's")
+    with pause.paused(repo):
+        freezer.thaw(cgroup)  # another process of the user's, say
+        assert not freezer.frozen(cgroup)
+        deadline = time.monotonic() + 10 * pause.CHECK_EVERY
+        while not freezer.frozen(cgroup) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert freezer.frozen(cgroup)
+    assert not freezer.frozen(cgroup)
+    # a registered freezer that is gone (or will not freeze): the sandbox is killed, never left running
+    pause.register(repo, proc.pid, cgroup.parent / "gone")
+    with pause.paused(repo):
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert freezer.pids(cgroup) == []

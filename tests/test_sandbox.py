@@ -71,3 +71,58 @@ def test_as_root_a_sandbox_without_a_user_namespace_would_not_hold(tmp_path, bwr
             sys.executable, "-c", PROBE, str(visible), str(os.stat(held_out).st_ino), str(held_out)]
     seen = json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout)
     assert seen["by_handle"] == "opened" and seen["caps"] != "0000000000000000"
+
+
+# Fail closed. The attack: an agent exhausts the user namespaces (it holds them open, or /proc/sys/user/
+# max_user_namespaces is reached), so that bubblewrap fails as it does then; `--sandbox auto` then quietly became
+# `none`: a tag set up meanwhile was pinned `protection none` for good, and a loop's agent ran unconfined.
+EXHAUSTED = "#!/bin/sh\necho 'bwrap: Creating new namespace failed: No space left on device' >&2\nexit 1\n"
+
+
+@pytest.fixture
+def fake_bwrap(tmp_path, monkeypatch):
+    """A `bwrap` first on PATH whose behaviour the test sets (works(True/False)); the record of bubblewrap having
+    worked kept in tmp_path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "bwrap"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+
+    def works(ok: bool) -> None:
+        fake.write_text("#!/bin/sh\nexit 0\n" if ok else EXHAUSTED)
+        fake.chmod(0o755)
+        sandbox.bwrap_works.cache_clear()
+    yield works
+    sandbox.bwrap_works.cache_clear()
+
+
+def test_where_bubblewrap_never_worked_auto_is_none_and_once_it_has_auto_never_is(fake_bwrap):
+    fake_bwrap(False)
+    assert sandbox.protection("auto") == "none"  # macOS, a container without namespaces: as before
+    fake_bwrap(True)
+    assert sandbox.protection("auto") == "bwrap"
+    fake_bwrap(False)  # the agent exhausted the namespaces
+    with pytest.raises(sandbox.SandboxError) as e:
+        sandbox.protection("auto")
+    said = str(e.value)
+    assert "worked here before" in said and "No space left on device" in said and "--sandbox off" in said, said
+    assert str(sandbox.bwrap_record()) in said
+    assert sandbox.protection("off") == "none"  # asked for explicitly: still possible
+
+
+def test_an_agent_is_never_run_unconfined_where_bubblewrap_is_expected(fake_bwrap, tmp_path):
+    from autoresearch import agents, state
+    repo = tmp_path / "repo"
+    for protection in ("bwrap", "none"):
+        state.atomic_json(state.tag_file(repo, protection), {"protection": protection})
+    fake_bwrap(False)  # never worked here: the tag's word decides
+    with pytest.raises(agents.AgentError, match="No space left on device"):
+        agents.ExternalAgent(repo, "bwrap", "true", 10).confined()
+    assert agents.ExternalAgent(repo, "none", "true", 10).confined() is False  # set up with --sandbox off
+    fake_bwrap(True)
+    assert agents.ExternalAgent(repo, "bwrap", "true", 10).confined() is True
+    fake_bwrap(False)  # worked before: an older tag without a protection is refused too
+    state.atomic_json(state.tag_file(repo, "old"), {})
+    with pytest.raises(agents.AgentError, match="worked here before"):
+        agents.ExternalAgent(repo, "old", "true", 10).confined()
