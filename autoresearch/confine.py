@@ -96,12 +96,14 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
         hidden |= {other, *other.parent.glob(other.name + "*")}
     source, ray = manifest.get("source", {}).get("path"), os.environ.get("RAY_AUTH_TOKEN_PATH")
     hidden |= {Path(p) for p in (source, ray) if p}
+    hidden = sorted({p.resolve() for p in hidden if p.exists()})
     trees = shown + [Path(d) for d in ("/usr", "/etc", "/opt/conda") if os.path.isdir(d)]
-    for path in sorted({p.resolve() for p in hidden if p.exists()}):
-        if any(path.is_relative_to(t.resolve()) for t in trees):
-            args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+    args += mask([p for p in hidden if any(p.is_relative_to(t.resolve()) for t in trees)])
     args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
-    args += ["--ro-bind", str(workdir.resolve()), str(workdir)]  # a parallel loop's agent works under the caches
+    # after the masks (a parallel loop's agent works under the caches), and masked itself where it holds one (a
+    # cache in the repository)
+    args += ["--ro-bind", str(workdir.resolve()), str(workdir)]
+    args += mask([p for p in hidden if p.is_relative_to(workdir.resolve()) and p != workdir.resolve()])
     for name in ("manifest.json", "tokenizer.json"):
         args += ["--ro-bind", str(cache / name), str(cache / name)]
     for rel in training_files(manifest):
@@ -121,6 +123,11 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     if broker is not None:
         args += ["--bind", str(broker), BROKER_DIR]
     return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
+
+
+def mask(paths: list[Path]) -> list[str]:
+    """bwrap's arguments that hide `paths` where a directory shown holds them: an empty tmpfs, /dev/null."""
+    return [a for p in paths for a in (("--tmpfs", str(p)) if p.is_dir() else ("--ro-bind", "/dev/null", str(p)))]
 
 
 # The system's programs, libraries and start-up files (cron.d, profile.d)

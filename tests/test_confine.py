@@ -363,3 +363,26 @@ def test_an_agent_installed_under_home_runs_with_its_package_and_nothing_else_of
     proc = cli(repo, "agent", "--", "fake-agent", env=fenv)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert proc.stdout.split() == ["AGENT", "vendored", "False"], proc.stdout
+
+
+def test_a_cache_inside_the_repository_shows_the_agent_its_training_files_only(tmp_path, monkeypatch,
+                                                                                bwrap_or_skip):
+    """AUTORESEARCH_CACHE=./cache in the work tree: the agent's repository, bound after the caches were hidden,
+    showed the whole cache again (validation and test tokens, the secret draw beside it)."""
+    import subprocess
+
+    from conftest import prepare_small
+    bwrap_or_skip()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("")
+    manifest = prepare_small(repo / "cache", tmp_path / "corpus")
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(repo / "cache"))
+    from autoresearch import confine
+    listing = [sys.executable, "-c", "import os; print(sorted(os.path.relpath(os.path.join(d, f), 'cache') "
+               "for d, _, fs in os.walk('cache') for f in fs), os.listdir('cache-secrets'))"]
+    proc = subprocess.run(confine.wrap_agent(listing, repo), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from autoresearch.sandbox import training_files
+    assert proc.stdout.strip() == f"{sorted(['manifest.json', 'tokenizer.json', *training_files(manifest)])} []"
+    assert any("/val." in rel for rel in manifest["files"])  # there outside
