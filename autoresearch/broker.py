@@ -240,26 +240,26 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     command = command or [os.environ.get("SHELL") or "bash"]
     if shutil.which(command[0]) is None:
         raise errors.HarnessError(f"`{command[0]}` is not on PATH; give the agent's full path.")
-    for w in writable:
-        problem = confine.allow_problem(Path(w), repo, prepare.cache_dir()) or (
-            None if Path(w).exists() else f"--allow {w}: no such file or directory")
+    for w in writable:  # only new directories, made here (confine.allow_problem)
+        problem = confine.allow_problem(Path(w), repo, prepare.cache_dir())
         if problem:
             raise errors.HarnessError(problem)
+    allowed = [confine.allow(Path(w)) for w in writable]
     cap = memcap.Cap("broker")  # what it holds while paused is bounded (memcap.py)
     frozen = freezer.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
     broker = Broker(repo, parser)
     try:
         private = broker.dir / "state"
         private.mkdir()
-        argv = confine.wrap_agent(command, repo, [Path(w) for w in writable], broker=broker.dir / "socket",
-                                  private=private)
+        argv = confine.wrap_agent(command, repo, allowed, broker=broker.dir / "socket", private=private)
         inside = f"{confine.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
-        print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): writable are train.py, "
-              f"its credentials, a private scratch for its session (~/.claude/projects, ...)"
-              f"{''.join(', ' + w for w in writable)} and a private /tmp; no validation or test rows; the network "
-              f"as it is; {cap.how}; {frozen.how}. Inside, `autoresearch {'/'.join(BROKERED)}` work as outside.",
-              file=sys.stderr)
+        print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): it sees the system, Python, "
+              f"its program and the repository read-only, and a private home with only its settings and "
+              f"credentials of yours; writable are train.py, its credentials"
+              f"{''.join(', ' + str(w) + ' (new, empty)' for w in allowed)}, its home and /tmp (both gone when it "
+              f"ends); no validation or test rows; the network as it is; {cap.how}; {frozen.how}. Inside, "
+              f"`autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         sandbox_proc = subprocess.Popen(cap.wrap(frozen.wrap(argv)))
         entry = pause.register(repo, sandbox_proc.pid, frozen.dir)
         watchdog = pause.Watchdog(repo)

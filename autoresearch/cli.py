@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("agent", help="start any agent (default: your shell) confined: no validation or test rows "
                        "within its reach, only train.py writable; `autoresearch run/wait/status/best` work inside")
     p.add_argument("--allow", action="append", default=[], metavar="PATH",
-                   help="also writable inside (the agent's own state beyond ~/.claude, ~/.codex, ...); repeatable")
+                   help="a new directory, writable inside: PATH must not exist; the harness creates it empty "
+                        "(not in the repository, nor in a hidden directory of your home); repeatable")
     p.add_argument("agent_command", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the agent and its arguments, e.g. claude, codex, aider train.py (default: $SHELL)")
     p = sub.add_parser("ideas", help="the idea catalog and what this tag tried; --apply writes one into train.py")

@@ -15,7 +15,8 @@ the system's programs and libraries (/usr, /etc, ...), the Python installation, 
   writable (it answers on a pipe);
 - the compile phase: the champion's train.py and prepare.py, a view without any token file, the compile cache
   writable (see compiled.py).
-Every agent's confinement (its own profile, read-only machine with the network) is confine.py's.
+Every agent's confinement (its own profile: an empty root too, with a private home and the network) is
+confine.py's.
 Each has a private /tmp and /dev/shm, no network, its own process namespace (every process it starts ends with it),
 and its own user namespace with no capability, so that it holds when root starts it. Without
 bubblewrap nothing is enforced while the code runs; the harness detects afterwards what changed in the
@@ -215,14 +216,17 @@ def empty_root() -> list[str]:
     # /proc/locks is the host's, and shows OFD locks (pid -1) to every pid namespace with their byte ranges: an
     # agent confined beside a run sent it 8 KB that way (locks on a file both see), past train.py's checked bytes
     args += ["--ro-bind", "/dev/null", "/proc/locks"]
+    return args + system_binds() + [a for d in python_dirs() if not in_system(d) for a in ("--ro-bind", str(d), str(d))]
+
+
+def system_binds() -> list[str]:
+    """The system's programs and libraries (SYSTEM_DIRS), read-only at their paths; a merged /usr's links kept."""
+    args = []
     for d in SYSTEM_DIRS:
         if os.path.islink(d):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             args += ["--ro-bind", d, d]
-    for d in python_dirs():
-        if not any(d.is_relative_to(s) for s in SYSTEM_DIRS if os.path.isdir(s) and not os.path.islink(s)):
-            args += ["--ro-bind", str(d), str(d)]
     return args
 
 
@@ -240,6 +244,11 @@ def directory(path: Path) -> str:
         raise SandboxError(f"{path} is not a directory the harness made ({stat_.filemode(mode)}): refused, "
                            "never mounted")
     return str(path)
+
+
+def in_system(path: Path) -> bool:
+    """Whether `path` lies in a system directory that system_binds() shows."""
+    return any(path.is_relative_to(s) for s in SYSTEM_DIRS if os.path.isdir(s) and not os.path.islink(s))
 
 
 def finish(args: list[str], cwd: Path, argv: list[str]) -> list[str]:

@@ -86,17 +86,24 @@ def small_cache_of(env) -> Path:
     return Path(env["AUTORESEARCH_CACHE"])
 
 
-def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env, bwrap_or_skip):
+def test_agent_without_data_or_with_a_missing_command_is_a_clear_error(repo, env, home, bwrap_or_skip):
     bwrap_or_skip()
+    env = dict(env, HOME=str(home))
     proc = cli(repo, "agent", "--", "no-such-agent-xyz", env=env)
     assert proc.returncode == 2 and "not on PATH" in proc.stderr
-    proc = cli(repo, "agent", "--allow", "/no/such/dir", "--", "true", env=env)
-    assert proc.returncode == 2 and "--allow /no/such/dir" in proc.stderr
-    # .git or ~/.config (git's config): a core.fsmonitor ran outside at the broker's next git call
-    for undoing in (repo, repo / ".git", small_cache_of(env), Path.home(), Path.home() / ".config",
-                    Path("/usr/local/bin")):  # on PATH: a `git` planted there ran at the broker's next call
+    (home / ".config").mkdir()
+    # .git or ~/.config (git's config): a core.fsmonitor ran outside at the broker's next git call; what exists
+    # is refused whatever it is (test_allow_opens_only_a_new_empty_directory_the_harness_creates)
+    for undoing in (repo, repo / ".git", small_cache_of(env), home, home / ".config", Path("/usr/local/bin")):
         proc = cli(repo, "agent", "--allow", str(undoing), "--", "true", env=env)
-        assert proc.returncode == 2 and ("may not write" in proc.stderr or "home" in proc.stderr), proc.stderr
+        assert proc.returncode == 2 and "choose a path that does not exist" in proc.stderr, proc.stderr
+    # new, but where what it holds would be run or read by the harness, git or a program at its start
+    for undoing in (repo / "notes", repo / ".git" / "hooks2", small_cache_of(env) / "new", home / ".config" / "git",
+                    Path("/usr/local/bin/new-xyz")):  # on PATH: a `git` planted there ran at the broker's next call
+        proc = cli(repo, "agent", "--allow", str(undoing), "--", "true", env=env)
+        assert proc.returncode == 2 and ("may not write" in proc.stderr or "hidden directory" in proc.stderr), \
+            proc.stderr
+        assert not undoing.exists()
 
 
 def test_a_train_py_carrying_more_than_the_tags_limit_is_refused_before_it_runs(repo, env):
@@ -223,3 +230,161 @@ def test_putting_train_py_back_keeps_the_file_a_confined_agent_has_bound(tmp_pat
     git.reset_to(tmp_path, first, "train.py")
     assert not (tmp_path / "train.py").is_symlink() and (tmp_path / "elsewhere").read_text() == "not train.py\n"
     assert (tmp_path / "train.py").read_text() == "a = 1\n"
+
+
+# --- the agent's world: an allowlist, not the host's `/` with masks (issue 51) -------------------------------
+
+LATE = textwrap.dedent(r'''
+    import json, os, time
+    from pathlib import Path
+    home = Path(os.environ["HOME"])
+    Path("train.py").write_text("started\n")  # the bound file: the test outside sees it
+    deadline = time.monotonic() + 300
+    while "go" not in Path("train.py").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    def read(path):
+        try:
+            return path.read_text()
+        except OSError as e:
+            return e.strerror
+    def write(path):
+        try:
+            with open(path, "a") as f:
+                f.write("inside\n")
+            return "written"
+        except OSError as e:
+            return e.strerror
+    print("SEEN " + json.dumps({
+        "late": read(home / ".newdir" / "token"), "ssh": read(home / ".ssh" / "id_ed25519"),
+        "listing": sorted(os.listdir(home)), "credentials": read(home / ".claude" / ".credentials.json"),
+        "write_credentials": write(home / ".claude" / ".credentials.json"),
+        "write_settings": write(home / ".claude" / "settings.json"),
+        "write_home": write(home / "written-inside")}))
+''')
+
+
+@pytest.fixture
+def home():
+    """A home of the test's own, outside /tmp (an agent's /tmp is private whatever else it sees, so a home under it
+    would hide what a real one shows); nothing of the user's is touched."""
+    import shutil
+    import tempfile
+    path = Path(tempfile.mkdtemp(prefix="autoresearch-home-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_agent_sees_no_file_of_your_home_but_its_own_not_even_one_made_after_it_started(repo, env, home,
+                                                                                              bwrap_or_skip):
+    """Attack: the agent saw the host's `/` read-only, masked where sensitive paths existed when it started. A
+    directory made under home later (~/.ray with Ray's token, at a machine's first `loop --workers N`; Jupyter's
+    runtime files) was readable inside, and so was any file of home nobody thought to mask (an ssh key). Now its
+    home is private: its own credentials and settings at their paths, nothing else of yours."""
+    import subprocess
+    import time
+    bwrap_or_skip()
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    (home / ".claude").mkdir()
+    (home / ".claude" / ".credentials.json").write_text("{}\n")
+    (home / ".claude" / "settings.json").write_text("{}\n")
+    (repo / "late.py").write_text(LATE)
+    with open(repo / ".git" / "info" / "exclude", "a") as f:
+        f.write("late.py\n")
+    proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "agent", "--", sys.executable, "late.py"],
+                            cwd=repo, env=dict(env, HOME=str(home)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while (repo / "train.py").read_text() != "started\n":
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.05)
+        (home / ".newdir").mkdir()  # after the agent started
+        (home / ".newdir" / "token").write_text("LATE TOKEN\n")
+        (repo / "train.py").write_text("go\n")  # in place: the agent's bind holds
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    seen = json.loads(out.split("SEEN ", 1)[1])
+    assert seen["late"] == "No such file or directory" and seen["ssh"] == "No such file or directory", seen
+    assert ".newdir" not in seen["listing"] and ".ssh" not in seen["listing"], seen
+    # its own credentials, as before: readable and writable, the write kept; its settings read-only
+    assert seen["credentials"] == "{}\n" and seen["write_credentials"] == "written", seen
+    assert (home / ".claude" / ".credentials.json").read_text() == "{}\ninside\n"
+    assert seen["write_settings"] == "Read-only file system", seen
+    # what it writes in its home stays in its session
+    assert seen["write_home"] == "written" and not (home / "written-inside").exists(), seen
+
+
+def test_allow_opens_only_a_new_empty_directory_the_harness_creates(repo, env, tmp_path, home, bwrap_or_skip):
+    """Attack: `--allow ~/.aider` was accepted; the agent wrote git settings into a file aider loads at start, and
+    git's fsmonitor ran a payload as the user, outside any sandbox. `--allow` now takes only a path that does not
+    exist (and none in home's hidden directories, where programs keep what they load): the harness creates it
+    empty, and binds it writable."""
+    bwrap_or_skip()
+    (home / ".aider").mkdir(parents=True)
+    fenv = dict(env, HOME=str(home))
+    plant = ["--", "sh", "-c", 'echo "GIT_CONFIG_COUNT=1" > "$HOME/.aider/oauth-keys.env"']
+    proc = cli(repo, "agent", "--allow", str(home / ".aider"), *plant, env=fenv)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "choose a path that does not exist" in proc.stderr and str(home / ".aider") in proc.stderr, proc.stderr
+    assert not (home / ".aider" / "oauth-keys.env").exists()
+    (home / ".aider").rmdir()  # not there yet: made by the harness, aider would still load what the agent left
+    proc = cli(repo, "agent", "--allow", str(home / ".aider"), *plant, env=fenv)
+    assert proc.returncode == 2 and "--allow" in proc.stderr and not (home / ".aider").exists(), proc.stderr
+    notes = tmp_path / "agent-notes" / "night1"
+    proc = cli(repo, "agent", "--allow", str(notes), "--", "sh", "-c", f'ls -A "{notes}"; echo kept > "{notes}/n"',
+               env=fenv)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr[-2000:]  # created empty
+    assert (notes / "n").read_text() == "kept\n"
+
+
+def test_an_agent_installed_under_home_runs_with_its_package_and_nothing_else_of_home(repo, env, home,
+                                                                                      bwrap_or_skip):
+    """Claude Code's installer puts `claude` in ~/.local/bin, a link into its package; npm's and pipx's do the
+    same. The agent's empty root shows that package (read-only) and the link on PATH, not the rest of ~/.local
+    (keyrings, every program's data)."""
+    bwrap_or_skip()
+    package = home / ".local" / "lib" / "node_modules" / "fake-agent"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text("{}\n")
+    (package / "vendor.txt").write_text("vendored\n")
+    (package / "cli.py").write_text(f"#!{sys.executable}\n" + textwrap.dedent('''
+        import os
+        here = os.path.dirname(os.path.realpath(__file__))
+        print("AGENT", open(os.path.join(here, "vendor.txt")).read().strip(),
+              os.path.exists(os.path.expanduser("~/.local/share/keyrings/login.keyring")))
+    '''))
+    (package / "cli.py").chmod(0o755)
+    (home / ".local" / "bin").mkdir()
+    (home / ".local" / "bin" / "fake-agent").symlink_to("../lib/node_modules/fake-agent/cli.py")
+    (home / ".local" / "share" / "keyrings").mkdir(parents=True)
+    (home / ".local" / "share" / "keyrings" / "login.keyring").write_text("secret\n")
+    fenv = dict(env, HOME=str(home), PATH=f"{home / '.local' / 'bin'}:{env['PATH']}")
+    proc = cli(repo, "agent", "--", "fake-agent", env=fenv)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert proc.stdout.split() == ["AGENT", "vendored", "False"], proc.stdout
+
+
+def test_a_cache_inside_the_repository_shows_the_agent_its_training_files_only(tmp_path, monkeypatch,
+                                                                                bwrap_or_skip):
+    """AUTORESEARCH_CACHE=./cache in the work tree: the agent's repository, bound after the caches were hidden,
+    showed the whole cache again (validation and test tokens, the secret draw beside it)."""
+    import subprocess
+
+    from conftest import prepare_small
+    bwrap_or_skip()
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("")
+    manifest = prepare_small(repo / "cache", tmp_path / "corpus")
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(repo / "cache"))
+    from autoresearch import confine
+    listing = [sys.executable, "-c", "import os; print(sorted(os.path.relpath(os.path.join(d, f), 'cache') "
+               "for d, _, fs in os.walk('cache') for f in fs), os.listdir('cache-secrets'))"]
+    proc = subprocess.run(confine.wrap_agent(listing, repo), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    from autoresearch.sandbox import training_files
+    assert proc.stdout.strip() == f"{sorted(['manifest.json', 'tokenizer.json', *training_files(manifest)])} []"
+    assert any("/val." in rel for rel in manifest["files"])  # there outside
