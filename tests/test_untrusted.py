@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autoresearch import reference
-from conftest import ROOT, sh
+from conftest import ROOT, cli, sh
 
 PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran as the user')  # an agent's\n"
 
@@ -121,3 +121,27 @@ def test_no_test_or_benchmark_reads_the_work_trees_train_py():
         if imported and "reference.write(" not in text[:imported.start()]:
             found.append(f"{path.name}: imports train without writing the reviewed one first")
     assert not found, found
+
+
+@pytest.mark.slow  # a real training (the 2 s budget) and its evaluation
+def test_try_trains_the_work_trees_train_py_in_the_sandbox_scores_it_and_records_nothing(repo, env, tmp_path,
+                                                                                      bwrap_or_skip):
+    """`autoresearch try`, what the docs say instead of `python train.py`: the payload an agent left runs in the
+    training sandbox, where it reaches nothing of the user's, the training is scored by the harness, and nothing
+    is committed or recorded."""
+    bwrap_or_skip()
+    marker = tmp_path / "marker"
+    plant(repo, marker)
+    train = (repo / "train.py").read_text()
+    train = train.replace("import pathlib; pathlib.Path(", "import pathlib, contextlib\nwith contextlib.suppress(OSError): pathlib.Path(", 1)
+    (repo / "train.py").write_text(train)
+    head = sh(repo, "git", "rev-parse", "HEAD")
+    proc = cli(repo, "try", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not marker.exists()
+    assert re.search(r"^val_bpb=\d+\.\d{4} \| memory_gb=[\d.]+ \| steps=\d+ ", proc.stdout, re.M), proc.stdout[-2000:]
+    assert "step=" in proc.stdout  # the training's step lines, as by hand
+    assert sh(repo, "git", "rev-parse", "HEAD") == head and sh(repo, "git", "status", "--porcelain") == "M train.py"
+    assert (repo / "train.py").read_text() == train and not (repo / "results.tsv").exists()
+    tried = list((repo / ".autoresearch" / "tries").glob("*/run.log"))
+    assert len(tried) == 1 and str(tried[0]) in proc.stdout
