@@ -145,3 +145,12 @@ def test_try_trains_the_work_trees_train_py_in_the_sandbox_scores_it_and_records
     assert (repo / "train.py").read_text() == train and not (repo / "results.tsv").exists()
     tried = list((repo / ".autoresearch" / "tries").glob("*/run.log"))
     assert len(tried) == 1 and str(tried[0]) in proc.stdout
+
+
+def test_an_agent_cannot_ask_the_broker_for_a_try(repo):
+    """`try` scores a train.py outside the ledger: an agent in `autoresearch agent` gets its scores from runs
+    only, so the broker refuses it."""
+    from autoresearch import broker
+    from autoresearch.cli import build_parser
+    with pytest.raises(broker.BrokerError, match="does not run inside"):
+        broker.check(["try"], repo, build_parser())
