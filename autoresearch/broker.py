@@ -9,7 +9,8 @@ the user's own harness process in the repository, under the harness's training s
 back. What the agent controls is train.py's text and the arguments of those commands, nothing the harness
 executes: no `--sandbox off`, no tag without bubblewrap, no path the harness would write. While any command
 trains in the repository, the agent's whole sandbox is paused (pause.py), so nothing it runs shares the machine
-with a run it is judged by.
+with a run it is judged by. When it ends, its train.py (untrusted code) is put back to the committed one and
+kept under the state directory (leftover.py).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, freezer, lock, memcap, pause, sandbox, state
+from autoresearch import confine, errors, freezer, leftover, lock, memcap, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -271,8 +272,12 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
                       f"{memcap.ENV}=8G (or `none`) if it needs it", file=sys.stderr)
             return rc
         finally:
+            if sandbox_proc.poll() is None:  # interrupted: the agent ends before its train.py is put back
+                sandbox_proc.kill()
+                sandbox_proc.wait()
             watchdog.close()
             entry.unlink(missing_ok=True)
+            leftover.put_back(repo)  # its train.py is untrusted code: the committed one goes back (leftover.py)
     finally:
         broker.close()
         frozen.close()

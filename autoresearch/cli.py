@@ -5,6 +5,8 @@
   autoresearch run -m "what it tries"   one experiment: commit train.py, train, record, keep or discard
                                         (--detach: in the background, for agents; then `autoresearch wait`)
   autoresearch wait                     until the run in the background ends (at most --timeout s)
+  autoresearch try                      train.py once in the training sandbox, scored; nothing recorded (never
+                                        `python train.py`: an agent's train.py is untrusted code)
   autoresearch status                   best result, counts and the last rows of this tag
   autoresearch agent [COMMAND]          any agent (claude, codex, a shell) confined, the commands above working
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
@@ -88,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "that asks for less protection than its tag is refused")
     p.add_argument("--detach", action="store_true", help="start it in the background and return (for agents whose "
                    "shell tool times out); `autoresearch wait` returns when it ends")
+    p = sub.add_parser("try", help="train the work tree's train.py once inside the training sandbox and score it; "
+                       "nothing committed or recorded (instead of `python train.py`, which runs an agent's code as you)")
+    p.add_argument("--seed", type=seed, default=42)
+    p.add_argument("--timeout", type=seconds, help="seconds before it is killed (default 2 x budget + 120)")
     p = sub.add_parser("wait", help="wait until the experiment in the background (or a loop) ends")
     p.add_argument("--timeout", type=seconds, default=240, help="seconds to wait at most (default 240, under agents' "
                    "shell timeouts); exit status 3 if it is still running then")
@@ -156,7 +162,7 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from autoresearch import background, processes
-    if args.command in ("run", "loop"):  # they start trainings, which may run as this user (docs/integrity.md)
+    if args.command in ("run", "loop", "try"):  # they start trainings, which may run as this user (docs/integrity.md)
         processes.not_dumpable()
     code = FAILED
     try:
@@ -217,7 +223,7 @@ def _command(args) -> int:
         code, text = background.detach(repo, args.argv)
         print(text, file=sys.stdout if code == OK else sys.stderr)
         return code
-    if args.command in ("setup", "run", "loop"):
+    if args.command in ("setup", "run", "loop", "try"):
         with lock.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
             # an agent started with `autoresearch agent` is paused while anything here trains (pause.py)
             with pause.paused(repo) if args.command != "setup" else contextlib.nullcontext():
@@ -277,8 +283,11 @@ def _command(args) -> int:
 
 
 def _change_state(repo: Path, args) -> int:
-    """setup, run and loop: called with the repository's lock held."""
+    """setup, run, loop and try: called with the repository's lock held."""
     from autoresearch import run, state, tags
+    if args.command == "try":
+        from autoresearch import trial
+        return OK if trial.run(repo, args.seed, args.timeout) else FAILED
     if args.command == "setup":
         config = tags.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
         print(f"on branch {config.branch}; results go to {state.results(repo)}")

@@ -128,7 +128,9 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="autoresearch-faults-")
     repo = Path(args.keep or tmp) / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work"], check=True)
+    sys.path.insert(0, str(ROOT))
+    from autoresearch import reference  # the reviewed train.py, never an experiment branch's (docs/integrity.md)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work", reference.commit(ROOT)], check=True)
     if args.eager:
         sys.path.insert(0, str(ROOT))
         from autoresearch.edit import set_constants

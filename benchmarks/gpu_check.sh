@@ -7,7 +7,8 @@
 #   # 2. Copy BUNDLE and this checkout to the GPU host, then, there, offline:
 #   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR] [--repo DIR]
 #
-# `run` runs the train.py of --repo (default: this checkout). It installs the missing wheels into BUNDLE/site
+# `run` runs the train.py of --repo, unconfined (default: this checkout's reviewed train.py, autoresearch/reference.py,
+# never its work tree's, which an agent may have written: docs/integrity.md). It installs the missing wheels into BUNDLE/site
 # (never into the host's Python), points AUTORESEARCH_CACHE at BUNDLE/cache and TORCHINDUCTOR_CACHE_DIR at
 # OUT/inductor, runs `python train.py` by hand (it evaluates val_bpb itself: the validation split is in the
 # bundle) under a hard timeout, and prints, and writes to OUT/gpu_check.json: tok/s, MFU against the GPU's
@@ -54,7 +55,7 @@ pack() {
 
 run() {
     local bundle="$1"; shift
-    local budget=120 out="" repo="$ROOT"
+    local budget=120 out="" repo=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --budget) budget="$2"; shift 2 ;;
@@ -72,6 +73,13 @@ run() {
             echo "no CUDA device for torch here; this check is for a GPU host (GPU_CHECK_ALLOW_CPU=1 runs it anyway)" >&2
             exit 1
         fi
+    fi
+    if [ -z "$repo" ]; then  # this checkout's reviewed train.py, never its work tree's (docs/integrity.md)
+        repo="$out/reviewed"
+        mkdir -p "$repo"
+        cp "$ROOT/prepare.py" "$ROOT/runtime.py" "$repo/"
+        (cd "$ROOT" && "$PYTHON" -c 'import sys; from pathlib import Path; from autoresearch import reference
+reference.write(Path("."), Path(sys.argv[1]))' "$repo")
     fi
     # What the host's Python lacks comes from the bundle's wheels, into a directory of the bundle's own.
     # kernels (FA3) is optional: without it (or its wheel) the run takes SDPA and the report says so.

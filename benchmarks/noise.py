@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def reviewed_dir() -> Path:
+    """A scratch directory with the reviewed train.py (never the work tree's: docs/integrity.md) and the fixed
+    files, made once."""
+    global REVIEWED
+    if REVIEWED is None:
+        sys.path.insert(0, str(ROOT))
+        from autoresearch import reference
+        from autoresearch.state import FIXED
+        REVIEWED = Path(tempfile.mkdtemp(prefix="autoresearch-noise-"))
+        for name in FIXED:
+            shutil.copy(ROOT / name, REVIEWED / name)
+        reference.write(ROOT, REVIEWED)
+    return REVIEWED
+
+
+REVIEWED = None
+
+
 def one_run(seed: int, extra_env: dict, compete: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, AUTORESEARCH_SEED=str(seed), AUTORESEARCH_RUN_DIR=tmp, **extra_env)
@@ -37,7 +56,8 @@ def one_run(seed: int, extra_env: dict, compete: bool = False) -> dict:
         rival = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if compete else None
         t0 = time.time()
         try:
-            proc = subprocess.run([sys.executable, "train.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "train.py"], cwd=reviewed_dir(), env=env, capture_output=True,
+                                  text=True)
         finally:
             if rival:
                 rival.kill()

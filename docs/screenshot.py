@@ -37,8 +37,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="autoresearch-shot-") as tmp:
         repo = Path(tmp) / "repo"
         repo.mkdir()
-        for name in ("train.py", "prepare.py", ".gitignore", "program.md"):
+        for name in ("prepare.py", ".gitignore", "program.md"):
             shutil.copy(ROOT / name, repo / name)
+        from autoresearch import reference  # the reviewed train.py, never the work tree's (docs/integrity.md)
+        reference.write(ROOT, repo)
         for git_args in (["init", "-q", "-b", "main"], ["add", "-A"],
                          ["-c", "user.name=shot", "-c", "user.email=shot@localhost", "commit", "-qm", "shot"]):
             subprocess.run(["git", *git_args], cwd=repo, check=True)

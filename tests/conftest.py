@@ -5,6 +5,7 @@ import random
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autoresearch import data  # noqa: E402
+from autoresearch import data, reference  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402  (prepare.py and runtime.py)
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "
@@ -127,13 +128,20 @@ def compiled_warm(log: str) -> bool:
     return any("hit" in k and v for k, v in counts.items()) and not any("miss" in k and v for k, v in counts.items())
 
 
+@cache
+def reviewed_train_source() -> str:
+    """The train.py every test runs, imports or edits: the reviewed one (autoresearch/reference.py), never the work
+    tree's, which is whatever an agent last wrote (a payload at its top ran here as the user, docs/integrity.md)."""
+    return reference.source(ROOT)
+
+
 def eager_train_source() -> str:
     """The real train.py with torch.compile off (at a budget of 2 s a cold compile, ~40-70 s on 2 cores, would be
     the whole run; compilation and its cache have their own test in test_harness) and the previous default's
     2048-token steps of 8 rows: the 4096-token default takes only 1-3 steps in 2 s, too few for the harness
     tests' models to learn anything their assertions can see."""
     from autoresearch.edit import set_constants
-    source = set_constants((ROOT / "train.py").read_text(),
+    source = set_constants(reviewed_train_source(),
                            {"USE_COMPILE": False, "DEVICE_BATCH_SIZE": 8, "TOTAL_BATCH_SIZE": 2048}, "cpu")
     # AdamW imports torch._dynamo, inside the budget (1.9 s on a 2-core AMD EPYC): most of a 2 s budget. Imported
     # first here, the tests' runs get the steps their assertions need on any machine.

@@ -388,3 +388,22 @@ def test_a_cache_inside_the_repository_shows_the_agent_its_training_files_only(t
     from autoresearch.sandbox import training_files
     assert proc.stdout.strip() == f"{sorted(['manifest.json', 'tokenizer.json', *training_files(manifest)])} []"
     assert any("/val." in rel for rel in manifest["files"])  # there outside
+
+
+def test_the_agents_train_py_is_put_back_when_its_session_ends_and_kept_where_the_user_sees_it(repo, env,
+                                                                                               bwrap_or_skip):
+    """The attack: a session plants a payload in train.py and runs nothing; left in the work tree, the next
+    `python train.py` or test that imports it runs it as the user (docs/integrity.md). When the session ends,
+    train.py is the branch's committed one again and the agent's text is saved under the state directory, named."""
+    bwrap_or_skip()
+    committed = (repo / "train.py").read_text()
+    proc = cli(repo, "agent", "--", "sh", "-c", "echo 'import os; os.system(\"id\")  # PAYLOAD' >> train.py", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (repo / "train.py").read_text() == committed and not sh(repo, "git", "status", "--porcelain")
+    saved = list((repo / ".autoresearch" / "agent-sessions").glob("*/train.py"))
+    assert len(saved) == 1 and saved[0].read_text() == committed + 'import os; os.system("id")  # PAYLOAD\n'
+    assert str(saved[0]) in proc.stderr and "untrusted" in proc.stderr
+    # a session that leaves train.py as committed: nothing saved, nothing said
+    proc = cli(repo, "agent", "--", "true", env=env)
+    assert proc.returncode == 0 and "agent-sessions" not in proc.stderr, proc.stderr[-3000:]
+    assert len(list((repo / ".autoresearch" / "agent-sessions").glob("*/train.py"))) == 1

@@ -17,16 +17,19 @@ from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES, CPU_CAUSA
 from autoresearch.evaluator.request import Request, parse
 from autoresearch.state import FIXED
 from autoresearch.evaluator.verdicts import Broken, Refused
-from conftest import ROOT
+from conftest import ROOT, reviewed_train_source
 
 
 @pytest.fixture(scope="module")
-def exported():
-    """A real export of train.py's GPT (one small block), as prepare.finish serializes it: (graph JSON, model)."""
+def exported(tmp_path_factory):
+    """A real export of train.py's GPT (one small block), as prepare.finish serializes it: (graph JSON, model).
+    The reviewed train.py, never the work tree's (docs/integrity.md)."""
     import importlib.util
 
     from torch._export.serde.serialize import serialize
-    spec = importlib.util.spec_from_file_location("train_for_export", ROOT / "train.py")
+    path = tmp_path_factory.mktemp("reviewed") / "train.py"
+    path.write_text(reviewed_train_source())
+    spec = importlib.util.spec_from_file_location("train_for_export", path)
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     cfg = train.GPTConfig(vocab_size=64, seq_len=16, n_layer=1, n_embd=32, head_dim=16, window_pattern="L", softcap=15.0)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BUDGET, FIXED, ROOT, STALL_ROOM, cli, make_corpus, sh
+from conftest import BUDGET, FIXED, ROOT, STALL_ROOM, cli, make_corpus, sh, reviewed_train_source
 
 from autoresearch import ledger, sources
 from autoresearch.edit import read_constants, set_constants
@@ -38,7 +38,7 @@ def gpu_train_source() -> str:
     """The shipped train.py with its GPU values shrunk (TINY), compile off (a cold compile on 2 cores would be the
     whole test's time; compilation has its own tests), and two lines printed at startup: each layer's attention
     window, and the GPUs the run was given (CUDA_VISIBLE_DEVICES)."""
-    shipped = (ROOT / "train.py").read_text()
+    shipped = reviewed_train_source()
     assert {k: read_constants(shipped, "gpu")[k] for k in SHIPPED_GPU} == SHIPPED_GPU
     source = set_constants(shipped, dict(TINY, USE_COMPILE=False), "gpu")
     anchor = "    model = GPT(cfg).to(run.device)\n"

@@ -11,9 +11,9 @@ import pytest
 
 from autoresearch import ideas
 from autoresearch.edit import EditError
-from conftest import ROOT
+from conftest import ROOT, reviewed_train_source
 
-SOURCE = (ROOT / "train.py").read_text()
+SOURCE = reviewed_train_source()
 
 
 def test_the_catalog_reads_the_shipped_train_py_and_every_variant_applies_alone():

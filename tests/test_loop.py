@@ -14,14 +14,14 @@ import pytest
 
 from autoresearch import ledger, record, tags
 from autoresearch.edit import EditError, read_constants, set_constants
-from conftest import ROOT, STALL_ROOM, cli, sh
+from conftest import ROOT, STALL_ROOM, cli, reviewed_train_source, sh
 from test_harness import rows
 
 # --- editing constants -----------------------------------------------------------------------
 
 
 def test_set_constants_rewrites_only_the_active_profile_literal():
-    source = (ROOT / "train.py").read_text()
+    source = reviewed_train_source()
     edited = set_constants(source, {"DEPTH": 6, "MATRIX_LR": 0.031, "WINDOW_PATTERN": "SSL"}, "cpu")
     diff = [l for l in difflib.unified_diff(source.splitlines(), edited.splitlines(), lineterm="", n=0)
             if l[:1] in "+-" and not l.startswith(("+++", "---"))]

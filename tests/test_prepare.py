@@ -18,7 +18,7 @@ import torch
 import prepare
 from autoresearch import checksums, data, fixed, sources
 from autoresearch.errors import HarnessError
-from conftest import FIXED, ROOT, make_corpus, prepare_small
+from conftest import FIXED, ROOT, make_corpus, prepare_small, reviewed_train_source
 
 # --- cleaning -------------------------------------------------------------
 
@@ -185,7 +185,7 @@ def test_what_train_py_carries_is_counted_against_its_base():
     import os
 
     from autoresearch import heldout
-    base = (ROOT / "train.py").read_bytes()
+    base = reviewed_train_source().encode()
     edited = base.replace(b"WARMDOWN_RATIO = ", b"WARMDOWN_RATIO = 0.3 * ", 1)
     assert heldout.carried_bytes(base, base) < 300 and heldout.carried_bytes(edited, base) < 300
     blob = os.urandom(3000)

@@ -8,7 +8,7 @@ import pytest
 from autoresearch import descriptions, facts, git, ideas, ledger, proposer, record, tags
 from autoresearch.edit import read_constants, set_constants
 from autoresearch.jobs import Job, keep_on_branch
-from conftest import ROOT, sh
+from conftest import sh, reviewed_train_source
 
 SEQ = 32
 
@@ -384,7 +384,7 @@ def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_anoth
 def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
     """size_step: the part of the way to compute-optimal (20 tokens a parameter, parameters ~ sqrt of it at a
     fixed compute) each move goes; the largest that does not pass it, else the smallest."""
-    source = (ROOT / "train.py").read_text()
+    source = reviewed_train_source()
     values = read_constants(source, "cpu")  # DEPTH 4, MODEL_DIM 128
     size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm == "tune DEPTH"]
     up, down = ([m for m in size if m.direction == d] for d in ("up", "down"))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, reviewed_train_source
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
@@ -21,7 +21,7 @@ def test_a_configuration_sets_constants_and_ideas_of_the_catalog():
     source = sweep.edited(rev, changes, "cpu")
     assert read_constants(source, "cpu")["DEPTH"] == 3
     assert ideas.current(ideas.IDEAS["mlp_ratio"], source, "cpu") == {"ratio": 2}
-    shipped = (ROOT / "train.py").read_text()
+    shipped = reviewed_train_source()
     assert sweep.edited(*sweep.parse_config("baseline"), "cpu") == shipped
     with pytest.raises(SystemExit, match="no_such_idea: no such idea"):
         sweep.edited(None, {("no_such_idea", "x"): 1}, "cpu")

@@ -13,7 +13,7 @@ import pytest
 import prepare
 from autoresearch import fixed
 from autoresearch.edit import read_constants
-from conftest import FIXED, ROOT, STALL_ROOM, eager_train_source
+from conftest import FIXED, ROOT, STALL_ROOM, eager_train_source, reviewed_train_source
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
@@ -103,11 +103,14 @@ def test_a_model_that_cannot_be_exported_reports_why(small_cache, tmp_path):
     assert not (run_dir / prepare.GRAPH_FILE).exists()
 
 
-def test_imports_without_training():
+def test_imports_without_training(tmp_path):
     """Tools import train.py for the model; importing must not train."""
+    (tmp_path / "train.py").write_text(reviewed_train_source())  # never the work tree's (docs/integrity.md)
+    for name in FIXED:
+        shutil.copy(ROOT / name, tmp_path / name)
     proc = subprocess.run([sys.executable, "-c", "import train; m = train.GPT(train.GPTConfig(300, 32, 2, 64, 32, "
                            "'SL', 0.0)); print(m.num_params(), m.layer_windows(m.cfg))"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split(maxsplit=1)[1].strip() == "[16, 32]"
 
@@ -118,7 +121,7 @@ def test_without_a_cpp_compiler_the_shipped_train_py_runs_eager_and_says_why(sma
     import shutil as sh
     work = tmp_path / "work"
     work.mkdir()
-    sh.copy(ROOT / "train.py", work / "train.py")
+    (work / "train.py").write_text(reviewed_train_source())
     for name in FIXED:
         sh.copy(ROOT / name, work / name)
     bin_dir = tmp_path / "bin"  # a PATH with python and nothing else
