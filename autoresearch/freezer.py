@@ -25,29 +25,13 @@ import signal
 import time
 from pathlib import Path
 
-from autoresearch import memcap
+from autoresearch import cgroups, memcap
 
 FREEZE_WAIT = 10.0  # seconds for the kernel to report a cgroup frozen (or empty once killed) before giving up
 INNER = "sandbox"   # the child the sandbox starts in
 
 
-def v2_parent() -> Path | None:
-    """This process's cgroup in a cgroup2 hierarchy, as a directory it may create children in, or None."""
-    try:
-        own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-    except (OSError, StopIteration):
-        return None
-    for line in mounts:
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup2":
-            root, point = fields[3], Path(fields[4])
-            if own == root or own.startswith(root.rstrip("/") + "/"):
-                parent = point / own[len(root):].lstrip("/")
-                if (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
-                    return parent
-    return None
+v2_parent = cgroups.v2_dir
 
 
 def kind(cgroup: Path) -> str | None:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import psutil
 
-from autoresearch import errors
+from autoresearch import cgroups, errors
 
 ENV = "AUTORESEARCH_AGENT_MEMORY"
 AGENT_SHARE = 0.25       # of the machine's memory: Claude Code and its tools use 0.3-1 GiB, a torch import 0.3 GiB
@@ -62,24 +62,8 @@ def limit() -> int | None:
 
 
 def v1_parent(controller: str = "memory", probe: str | None = "memory.limit_in_bytes") -> Path | None:
-    """This process's cgroup (v1) of `controller` as a directory it may create children in (holding `probe`,
-    where one is named), or None."""
-    try:
-        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
-        own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                   if controller in line.split(":", 2)[1].split(","))
-    except (OSError, StopIteration, IndexError):
-        return None
-    for line in mounts:
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] == "cgroup" and controller in fields[sep + 3].split(","):
-            root, point = fields[3], Path(fields[4])
-            if own == root or own.startswith(root.rstrip("/") + "/"):
-                parent = point / own[len(root):].lstrip("/")
-                if (probe is None or (parent / probe).exists()) and os.access(parent, os.W_OK):
-                    return parent
-    return None
+    """This process's cgroup (v1) of `controller` as a directory it may create children in (cgroups.v1_dir)."""
+    return cgroups.v1_dir(controller, probe)
 
 
 @functools.cache  # asked once per process: the loop's agents start one sandbox a proposal
@@ -159,29 +143,9 @@ class Cap:
         self.close()
 
 
-def remove(cgroup: Path, tries: int = 1) -> bool:
-    """Remove a cgroup and the children made in it, deepest first; False if a process still holds one (the kernel
-    refuses), after `tries` tries a tenth of a second apart."""
-    for attempt in range(tries):
-        if not cgroup.exists():
-            return True
-        try:
-            for child in sorted((d for d in cgroup.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
-                child.rmdir()
-            cgroup.rmdir()
-            return True
-        except FileNotFoundError:
-            continue
-        except OSError:
-            if attempt + 1 < tries:
-                time.sleep(0.1)
-    return not cgroup.exists()
+remove = cgroups.remove
 
 
 def sweep(parent: Path) -> None:
-    """Remove the cgroups of sandboxes whose command died before removing them: those named by a process that is
-    gone (another command's, being made or in use, is left alone; one a process still holds is refused)."""
-    for stale in parent.glob(PREFIX + "*"):
-        pid = stale.name[len(PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            remove(stale)
+    """Remove the cgroups of sandboxes whose command died before removing them (cgroups.sweep)."""
+    cgroups.sweep(parent, PREFIX)

@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from autoresearch import errors
+from autoresearch.cgroups import remove, sweep, v1_dir, v2_dir
 
 PREFIX = "autoresearch-run-"
 RUN_MEMORY_SHARE = 0.85   # of the machine's memory a training may hold (its out/ tmpfs included)
@@ -47,91 +48,6 @@ def memory_limit() -> int:
         raise errors.HarnessError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r}: give the bytes a training may hold "
                                   "(e.g. 16G, 8192M)")
     return int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
-
-
-def _mounts() -> list[tuple[str, str, Path, str]]:
-    """(fstype, root, mount point, super options) of every cgroup mount this process sees."""
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        sep = fields.index("-")
-        if fields[sep + 1] in ("cgroup", "cgroup2"):
-            out.append((fields[sep + 1], fields[3], Path(fields[4]), fields[sep + 3]))
-    return out
-
-
-def _own(hierarchy: str) -> str | None:
-    """This process's cgroup in a v1 hierarchy ("memory") or in v2 ("")."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if (hierarchy == "" and controllers == "") or hierarchy in controllers.split(","):
-            return path
-    return None
-
-
-def _below(root: str, point: Path, own: str) -> Path | None:
-    if own == root or own.startswith(root.rstrip("/") + "/"):
-        return point / own[len(root):].lstrip("/")
-    return None
-
-
-def v1_dir(controller: str) -> Path | None:
-    """This process's cgroup in the v1 hierarchy of `controller`, as a directory it may create children in, or
-    None."""
-    try:
-        own = _own(controller)
-        mounts = _mounts()
-    except (OSError, ValueError):
-        return None
-    for fstype, root, point, options in mounts:
-        if fstype == "cgroup" and controller in options.split(",") and own is not None:
-            parent = _below(root, point, own)
-            if parent is not None and (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
-                return parent
-    return None
-
-
-def v2_dir() -> Path | None:
-    """This process's cgroup in the v2 hierarchy, as a directory it may create children in, or None."""
-    try:
-        own = _own("")
-        mounts = _mounts()
-    except (OSError, ValueError):
-        return None
-    for fstype, root, point, _ in mounts:
-        if fstype == "cgroup2" and own is not None:
-            parent = _below(root, point, own)
-            if parent is not None and (parent / "cgroup.procs").exists() and os.access(parent, os.W_OK):
-                return parent
-    return None
-
-
-def remove(cgroup: Path, tries: int = 1) -> bool:
-    """Remove a cgroup and the children made in it, deepest first; False if a process still holds one (the kernel
-    refuses), after `tries` tries a tenth of a second apart."""
-    for attempt in range(tries):
-        if not cgroup.exists():
-            return True
-        try:
-            for child in sorted((d for d in cgroup.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
-                child.rmdir()
-            cgroup.rmdir()
-            return True
-        except FileNotFoundError:
-            continue
-        except OSError:
-            if attempt + 1 < tries:
-                time.sleep(0.1)
-    return not cgroup.exists()
-
-
-def sweep(parent: Path, prefix: str) -> None:
-    """Remove the cgroups named `prefix`<pid>-... whose process is gone (a command that died before removing
-    them); another live command's are left alone, one a process still holds is refused by the kernel."""
-    for stale in parent.glob(prefix + "*"):
-        pid = stale.name[len(prefix):].split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            remove(stale)
 
 
 class RunCgroup:

@@ -176,7 +176,7 @@ def test_on_the_cpu_clock_every_process_of_a_run_is_billed_and_an_honest_baselin
     billed to the next run, and the second was refused), and a candidate that burns 40 CPU-s in a child the
     kernel reaps is refused on the clock (it was kept: issue 50)."""
     bwrap_or_skip()
-    from conftest import cli, sh
+    from conftest import cli
     cpu = dict(env, AUTORESEARCH_BUDGET_CLOCK="cpu", AUTORESEARCH_OUTSIDE_ALLOWANCE="12")
     assert cli(repo, "setup", "--tag", "c", env=cpu).returncode == 0
     tag = json.loads((repo / ".autoresearch" / "tags" / "c.json").read_text())
