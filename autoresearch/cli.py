@@ -275,7 +275,10 @@ def _command(args) -> int:
 
         from autoresearch import facts
         config = tags.load_tag(repo)
-        print(json.dumps(facts.facts(state.results(repo), repo, config.tag), indent=1))
+        from autoresearch import commands
+        out = facts.facts(state.results(repo), repo, config.tag)
+        out["carried"] = commands.carried(repo, config)  # what train.py may still carry (heldout.headroom)
+        print(json.dumps(out, indent=1))
     elif args.command == "status":
         from autoresearch import commands
         print(commands.status(repo))

@@ -46,9 +46,23 @@ def status(repo: Path) -> str:
             lines.append(f"{'in flight' if alive else 'interrupted'} on {job['worker']} ({job.get('host')}): "
                          f"{job['description']} (run {job['run_id']}, started {job['started']})"
                          + ("" if alive else "; its driver died, and the next `autoresearch loop` or `run` records it"))
+    room = carried(repo, config)
+    if room:
+        lines.append(f"train.py carries {room['carried_bytes']:,} of the {room['limit_bytes']:,} bytes it may beyond the "
+                     f"tag's base ({room['left_bytes']:,} left; docs/integrity.md)")
     lines += report.flag_lines(rows)
     lines += [f"warning: {problem}" for problem in damaged]
     return "\n".join(lines)
+
+
+def carried(repo: Path, config) -> dict | None:
+    """The work tree's train.py against the tag's limit on what it carries (heldout.headroom); None unreadable."""
+    from autoresearch import git, heldout, state
+    try:
+        base = git.git(repo, "show", f"{config.base_commit}:{state.EDITABLE}", strip=False).encode()
+        return heldout.headroom((repo / state.EDITABLE).read_bytes(), config, base)
+    except (OSError, git.GitError):
+        return None
 
 
 def ideas(repo: Path, apply: list[str] | None) -> str:

@@ -100,6 +100,13 @@ def draw(config) -> int | None:
                            "(`autoresearch setup --tag NEW`).") from None
 
 
+def headroom(raw: bytes, config, base: bytes) -> dict:
+    """What train.py carries beyond its base against the tag's limit: for `status` (and its --json)."""
+    carried = carried_bytes(raw, base)
+    return {"carried_bytes": carried, "limit_bytes": config.max_carried_bytes,
+            "left_bytes": config.max_carried_bytes - carried}
+
+
 def problem(raw: bytes, config, base: bytes) -> str | None:
     """Why train.py's bytes may not run under this tag, or None: over its size limit, or carrying more than its
     limit beyond its base. Checked before a run and again on the bytes the training is given (execute.py)."""

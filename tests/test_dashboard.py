@@ -168,6 +168,12 @@ def test_status_and_report_as_json_and_a_self_contained_html_report(repo, env, t
     assert t["tag"] == "dash" and t["champion"]["mean"] == 1.6 and t["counts"]["discard"] == 1
     assert [r["description"] for r in t["rows"]] == ["baseline", "deeper"] and t["rows"][1]["worker"] == "w1"
     assert any("torn" in w for w in facts["warnings"])
+    # what train.py may still carry beyond the base: the work tree's, with a line added
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "EXTRA = 1\n")
+    room = json.loads(cli(repo, "status", "--json", env=env).stdout)["carried"]
+    assert 0 < room["carried_bytes"] < 100 and room["left_bytes"] == room["limit_bytes"] - room["carried_bytes"]
+    text = cli(repo, "status", env=env).stdout
+    assert f"train.py carries {room['carried_bytes']:,} of the {room['limit_bytes']:,} bytes" in text
     report = json.loads(cli(repo, "report", "--json", env=env).stdout)
     assert report["tags"][0]["rows"] == t["rows"]
     page = tmp_path / "night.html"
