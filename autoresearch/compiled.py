@@ -9,7 +9,7 @@ training in one run). So the cache has two layers:
   compile-only mode (runtime.COMPILE_ONLY_ENV): random tokens instead of data, one step, no export, in a sandbox
   where the base is the only thing it may write and no token file exists. It sees no data, so nothing in it can
   come from data. It runs outside any budget, once per base, before the configuration's first run; a new
-  configuration's base starts as a copy of its champion's, so a change of constants costs its phase about 6 s
+  configuration's base starts as a copy of the tag's base configuration's, so a change of constants costs its phase about 6 s
   and a change of shape its cold compile (about a minute on 2 cores), outside the budget. The harness records
   that it ran (`<base>.done`, beside the base, where the phase cannot write); the run's log says which base it
   started from (note());
@@ -25,6 +25,7 @@ and throws it away when it changed (the run is refused).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -38,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, guard, machine, processes, sandbox, scratch, tags
+from autoresearch import fixed, guard, machine, processes, runcgroup, sandbox, scratch, tags
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
@@ -109,16 +110,20 @@ def phase_env(view: Path, base: Path, threads: int) -> dict:
 
 @dataclass(frozen=True)
 class Wanted:
-    """The train.py a base is for: its configuration (tags.config_of), its source, and its champion's
-    configuration, whose base a new one starts from ("" for none)."""
+    """The train.py a base is for: its configuration (tags.config_of), its source, and the configuration whose
+    base a new one starts from ("" for none): the tag's base configuration, whose phase ran the code the user set
+    the tag up with. Never a champion's: its phase ran an agent's code, and inductor loads what a phase leaves
+    (pickled graphs) as code in every run that starts from it; a champion's base copied into each new
+    configuration's would reach every later candidate's runs, and the base configuration's own (its refill after
+    a prune), the yardstick of pruning and the control rule (issue 50, the red team's)."""
     config_id: str
     source: str
-    champion: str = ""
+    start_from: str = ""
 
 
 def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=print) -> Path:
     """The base for the runs of configuration `wanted` under tag `config` (named by key()), filled by a compile
-    phase if it has none yet, starting from a copy of its champion's base when that one is ready. One phase at a
+    phase if it has none yet, starting from a copy of wanted.start_from's base when that one is ready. One phase at a
     time per base: parallel workers on one machine share the data cache, so they share its bases. fixed_half:
     the tag's fixed.FixedHalf (its clean files, data cache and manifest)."""
     cache = fixed_half.cache
@@ -130,7 +135,8 @@ def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=pr
             return base
         except OSError:  # deleted meanwhile (another base's prune, `clean`): filled again below
             pass
-    root(cache).mkdir(parents=True, exist_ok=True)
+    root(cache).mkdir(mode=0o700, parents=True, exist_ok=True)  # the user's alone: no one else reaches a base
+    os.chmod(root(cache), 0o700)
     with open(root(cache) / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
@@ -138,56 +144,79 @@ def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=pr
         return _fill(fixed_half, name, wanted, config, protection, log)
 
 
-def _start(base: Path, start_from: str | None) -> str:
-    """A new base: a copy of the ready base start_from (its champion's: what the two share compiles warm), or
-    empty. What it started from, for the log."""
-    shutil.rmtree(base, ignore_errors=True)
-    seed = base.parent / start_from if start_from else None
-    if seed is not None and seed != base and seed.is_dir() and (base.parent / f"{start_from}.done").exists():
+def _start(dest: Path, bases: Path, start_from: str | None) -> str:
+    """A new base at `dest` (an empty directory): a copy of the ready base `start_from` in `bases` (the tag's base
+    configuration's: what the two share compiles warm), or empty. What it started from, for the log."""
+    seed = bases / start_from if start_from else None
+    if seed is not None and seed.is_dir() and (bases / f"{start_from}.done").exists():
         os.utime(seed)  # in use: prune() keeps it
         try:
-            _copy(seed, base)
+            _copy(seed, dest)
             return f"a copy of base {start_from}"
         except (OSError, Unaccepted):  # pruned meanwhile, or holding what no run may get: from empty
-            shutil.rmtree(base, ignore_errors=True)
-    (base / "headers").mkdir(parents=True)
+            _empty(dest)
+    (dest / "headers").mkdir(parents=True, exist_ok=True)
     return "empty"
 
 
+def _empty(path: Path) -> None:
+    for entry in os.scandir(path):
+        remove(Path(entry.path)) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
+
+
 def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, log) -> Path:
+    """The compile phase of `wanted`, and its base: the phase writes a scratch base (a tmpfs of BASE_LIMIT where
+    the harness may mount: a phase cannot fill the disk), in a cgroup of its own (memory, processes, all killed
+    after it) with every file capped; what it leaves becomes the base on disk only as check() accepts it, copied
+    by the harness; anything else and the base is empty (its runs compile cold)."""
     cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
-    started = _start(base, key(wanted.champion, config) if wanted.champion else None)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
+    phase_base = work / "base"
     try:
+        scratch.bounded_dir(phase_base, BASE_LIMIT)
+        started = _start(phase_base, root(cache), key(wanted.start_from, config) if wanted.start_from else None)
         (work / "train.py").write_text(wanted.source)
         fixed.write_sources(fixed_half.sources, work)
         view = sandbox.make_view(work, cache, fixed_half.manifest, config.peak_flops, tokens=False)
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
-            argv = sandbox.wrap_compile_phase(argv, work, base)
+            argv = sandbox.wrap_compile_phase(argv, work, phase_base)
+        cgroup, _ = runcgroup.make("phase")
+        if cgroup is not None:
+            argv = cgroup.wrap(argv)
         log(f"compile phase for base {name} (no data, outside the budget; from {started}): filling the compile "
             "cache")
         t0 = time.time()
         processes.become_subreaper()  # what the phase starts stays in this tree, and ends with it
         try:
-            proc = subprocess.run(argv, cwd=work, env=phase_env(view, base, threads), capture_output=True, text=True,
-                                  timeout=PHASE_TIMEOUT, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(argv, cwd=work, env=phase_env(view, phase_base, threads), capture_output=True,
+                                  text=True, errors="backslashreplace", timeout=PHASE_TIMEOUT,
+                                  stdin=subprocess.DEVNULL, preexec_fn=scratch.limit_files(BASE_LIMIT))
             ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
         except subprocess.TimeoutExpired:
             ok, tail = False, f"timed out after {PHASE_TIMEOUT} s"
+        finally:
+            if cgroup is not None:
+                cgroup.kill()
+                cgroup.close()
         if processes.end_descendants():
             ok, tail = False, "a process it started could not be ended"
         seconds = time.time() - t0
+        if os.path.lexists(base):
+            remove(base)
         try:
-            check(base)
-        except (OSError, Unaccepted) as e:  # never handed to a run, never copied forward: emptied
+            _copy(phase_base, base)  # check()ed, then copied file by file
+        except (OSError, Unaccepted) as e:  # never handed to a run, never copied forward: empty
             ok, tail = False, f"it left what the harness does not accept in its base: {e}"
-            shutil.rmtree(base, ignore_errors=True)
+            if os.path.lexists(base):
+                remove(base)
             (base / "headers").mkdir(parents=True)
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
             log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if os.path.lexists(phase_base):
+            scratch.release(phase_base)
+        remove(work)
     record = {"seconds": round(seconds, 2), "ok": ok, "protection": protection, "from": started,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = root(cache) / f"{name}.done.tmp"
@@ -204,11 +233,11 @@ def prune(cache: Path, keep: Path) -> None:
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for old in bases[KEEP_BASES:]:
         if old != keep:
-            shutil.rmtree(old, ignore_errors=True)
+            remove(old)
             (root(cache) / f"{old.name}.done").unlink(missing_ok=True)
 
 
-BASE_LIMIT = 8 << 30   # bytes a base may hold: the default's is ~160 MB on the cpu profile; a GPU model's more
+BASE_LIMIT = 4 << 30   # bytes a base may hold: the default's is ~160 MB on the cpu profile; a GPU model's more
 
 
 class Unaccepted(Exception):
@@ -220,7 +249,9 @@ def check(base: Path, limit: int = BASE_LIMIT) -> int:
     most `limit` bytes in all: no symbolic link (a `headers` replaced by `../../..` became a writable bind of the
     host's / in every later run: issue 50), no device, FIFO or socket, `headers` a directory."""
     total = 0
-    for top, dirs, files in os.walk(base):  # os.walk lists links to directories in dirs and never follows them
+    # os.walk lists links to directories in dirs and never follows them; a directory it cannot list (mode 000, as
+    # a user other than root) would hide what is in it from the count and the copy: an error, not a skip
+    for top, dirs, files in os.walk(base, onerror=_raise):
         for name in dirs + files:
             path = os.path.join(top, name)
             st = os.lstat(path)
@@ -229,12 +260,39 @@ def check(base: Path, limit: int = BASE_LIMIT) -> int:
             elif not stat.S_ISDIR(st.st_mode):
                 raise Unaccepted(f"{os.path.relpath(path, base)} is not a regular file or a directory "
                                  f"({stat.filemode(st.st_mode)})")
+            if stat.S_IMODE(st.st_mode) & ~0o755:  # setuid/setgid/sticky, writable by others: cleared (a phase
+                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o755)  # made /bin/sh setuid root in its base); it has ended
     if total > limit:
         raise Unaccepted(f"it holds {total:,} bytes, more than the {limit:,} a base may")
     headers = os.lstat(base / "headers") if os.path.lexists(base / "headers") else None
     if headers is not None and not stat.S_ISDIR(headers.st_mode):
         raise Unaccepted(f"headers is not a directory ({stat.filemode(headers.st_mode)})")
     return total
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def remove(path: Path) -> None:
+    """Remove a base (or what a phase left) whatever modes it set: every directory opened (0700) before it is
+    listed, so one made unlistable is removed too; a tmpfs it lies on unmounted."""
+    if os.path.ismount(path):
+        scratch.release(path)
+        return
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        os.unlink(path)
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700)
+    for top, dirs, _ in os.walk(path):  # top-down: a directory is opened here before the walk lists it
+        for name in dirs:
+            if not os.path.islink(os.path.join(top, name)):
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(top, name), 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _copy(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
@@ -246,7 +304,7 @@ def _copy(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
         dest.mkdir(exist_ok=True)  # new, or a tmpfs just mounted there (private_copy)
         if not stat.S_ISDIR(os.lstat(dest).st_mode):
             raise Unaccepted(f"{dest} is not a directory")
-        for top, dirs, files in os.walk(base):
+        for top, dirs, files in os.walk(base, onerror=_raise):
             rel = Path(top).relative_to(base)
             for name in dirs:
                 (dest / rel / name).mkdir()
@@ -309,4 +367,5 @@ def watched(repo: Path, protection: str, fill) -> Path:
 def discard(cache: Path, name: str) -> None:
     """Forget a base (a run without a sandbox changed it): the next run fills a new one."""
     (root(cache) / f"{name}.done").unlink(missing_ok=True)
-    shutil.rmtree(base_dir(cache, name), ignore_errors=True)
+    if os.path.lexists(base_dir(cache, name)):
+        remove(base_dir(cache, name))

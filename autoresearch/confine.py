@@ -84,7 +84,8 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
         args += ["--ro-bind", str(d.resolve()), str(d)]
         shown.append(d)
     for path, real in entries:  # ~/.local/bin/claude, the name PATH finds, made again: a link to its file
-        if not any(path.is_relative_to(parent) for parent in shown):
+        # not where the system's directories show it already (/bin/sh through merged /usr's /bin -> usr/bin)
+        if not any(path.is_relative_to(parent) for parent in shown) and not in_system(path.parent.resolve()):
             args += ["--symlink", str(real), str(path)]
     # what a tree shown holds and an agent may not see: every prepared cache (a second profile's beside the
     # default one), the compile caches, the tags' secret draws (made first if missing: one made later in a tree

@@ -142,7 +142,7 @@ class Driver:
                    if step.seed is None else step.seed, schedule.repeat_number(rows, config_id, running),
                    step.run_no, record.test_threshold(rows, self.config, self.rule, step.kind), name,
                    info["host"], info["device"],
-                   info["protection"], state.now(), source, champion_config,
+                   info["protection"], state.now(), source, tags.config_of(self.repo, self.config.base_commit),
                    asdict(reference) if reference is not None else None)
 
     def propose(self, name: str) -> None:

@@ -131,15 +131,16 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
     try:
         return _execute(ctx, attempt, out)
     finally:  # whatever happened: the tmpfs unmounted, out/ holding the contract files alone, the copy gone
-        settle(out)
+        if os.path.ismount(out) or os.path.lexists(scratch.kept_dir(out)):  # not settled yet
+            settle(out, ctx.config.out_limit_bytes)
         scratch.release(attempt.run_dir / sandbox.COMPILE_DIR)
 
 
-def settle(out: Path) -> list[str]:
-    """out/ after the training: its contract files, regular and within their limits, and nothing else
-    (scratch.settle); idempotent."""
+def settle(out: Path, total: int) -> list[str]:
+    """out/ after the training: its contract files, regular and within their limits (`total` bytes together),
+    and nothing else (scratch.settle)."""
     return scratch.settle(out, fixed.contract_files(), {name: limit for name, limit in zip(
-        fixed.contract_files(), (safe_read.RESULT_LIMIT, safe_read.GRAPH_LIMIT, safe_read.TENSORS_LIMIT))})
+        fixed.contract_files(), (safe_read.RESULT_LIMIT, safe_read.GRAPH_LIMIT, safe_read.TENSORS_LIMIT))}, total)
 
 
 def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
@@ -175,7 +176,8 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
     if cgroup is None and config.accounting not in (None, "none"):
         raise HarnessError(f"this tag's runs are measured in a {config.accounting} of their own, and none could be "
                            f"made ({how})")
-    with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection)) as evaluator, \
+    kept = scratch.prepare_kept(out)  # where settle() puts out/'s accepted files: all the evaluator ever sees
+    with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection, kept)) as evaluator, \
             contextlib.ExitStack() as stack:
         if cgroup is not None:
             stack.callback(cgroup.close)
@@ -189,11 +191,11 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
                                               attempt.prune)
         finally:
             scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
-            dropped = settle(out)  # before anything reads it: the contract files, copied off the tmpfs
+            dropped = settle(out, config.out_limit_bytes)  # the contract files, copied off the tmpfs
         if dropped:
-            supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the contract files are): "
-                                 + ", ".join(dropped[:5]) + ("" if bounded else
-                                 " (out/ was on the disk: no right to mount a tmpfs here)"))
+            supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the "
+                                  "contract files are): " + ", ".join(dropped[:5]) + (
+                                      "" if bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
 
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
         refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
@@ -202,6 +204,9 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         if training.pruned:
             return Execution("pruned", training.pruned, None, {}, training)
         result, problem = ((None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir))
+        refused_result = [d for d in dropped if d.startswith(ascii(fixed.contract().RESULT_FILE) + " (")]
+        if result is None and refused_result:  # why settle() did not keep it: a link, a FIFO, too large
+            problem = f"result.json was not kept: {refused_result[0]}"
         facts = Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
                       attempt.seed, budget, timeout, budget + outside_seconds(config, training),
                       config.allowance_s, clock, ctx.protection)

@@ -28,9 +28,9 @@ class Job:
     protection: str
     started: str
     source: str = ""   # train.py; not written to inflight/
-    champion: str = ""  # the champion's configuration: a new configuration's compile base starts from its
-                        # champion's (compiled.py)
-    pruning: dict | None = None  # a candidate's first run: the champion's curves it is stopped against (prune.py,
+    compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a
+                            # copy of its base, never a champion's (compiled.Wanted)
+    pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
                                  # run.pruning); not written to inflight/
 
 

@@ -265,12 +265,13 @@ def planned_config(repo: Path) -> str:
 def compile_base(repo: Path, config: Tag, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
                  log=print) -> Path | None:
     """The compile cache the run of train.py as it is now starts from: its configuration's base for this tag's
-    threads per run (compiled.key), filled by a compile phase the first time, from a copy of its champion's;
-    None when the tag was set up with AUTORESEARCH_COMPILE_CACHE=off."""
+    threads per run (compiled.key), filled by a compile phase the first time, from a copy of the tag's base
+    configuration's (never a champion's: compiled.Wanted); None when the tag was set up with
+    AUTORESEARCH_COMPILE_CACHE=off."""
     if config.compile_cache == "off":
         return None
-    champion = tags.config_of(repo, tags.last_kept_commit(repo, config, rows))
-    wanted = compiled.Wanted(planned_config(repo), (repo / EDITABLE).read_text(), champion)
+    wanted = compiled.Wanted(planned_config(repo), (repo / EDITABLE).read_text(),
+                             tags.config_of(repo, config.base_commit))
     return compiled.ensure_base(fixed_half, config, wanted, protection, log)
 
 

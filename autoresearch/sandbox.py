@@ -282,12 +282,14 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
     return finish(args, repo, argv)
 
 
-def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path) -> list[str]:
+def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path, source: Path | None = None) -> list[str]:
     """The evaluator's sandbox: its private directory (its copy of the evaluator package, the clean prepare.py),
-    the data cache and the run's out/, all read-only; it answers on its stdout."""
+    the data cache, and at out/'s path `source` (the directory the harness copies out/'s accepted files into:
+    scratch.kept_dir), all read-only; it answers on its stdout."""
     args = empty_root()
-    for path in (private, cache.resolve(), out):
+    for path in (private, cache.resolve()):
         args += ["--ro-bind", str(path), str(path)]
+    args += ["--ro-bind", directory(source or out), str(out)]
     return finish(args, private, argv)
 
 

@@ -87,21 +87,37 @@ def limit_files(size: int):
     return apply
 
 
-def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int]) -> list[str]:
-    """After the training: out/ holds the files named in `keep` that are regular files within their limits
-    (copied, never through a link), and nothing else; the tmpfs (if any) unmounted. What was dropped, by name."""
-    kept = out.parent / (out.name + ".kept")
-    shutil.rmtree(kept, ignore_errors=True)
+def kept_dir(out: Path) -> Path:
+    """Where out/'s accepted files go, made by the harness before the training starts (prepare_kept): the
+    evaluator, started early under bubblewrap, has it bound at out/'s path, so it never sees the tmpfs itself."""
+    return out.parent / (out.name + ".kept")
+
+
+def prepare_kept(out: Path) -> Path:
+    kept = kept_dir(out)
+    release(kept)
     kept.mkdir()
-    dropped = []
+    return kept
+
+
+def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int = OUT_LIMIT) -> list[str]:
+    """After the training: out/ holds the files named in `keep` that are regular files within their limits and
+    `total` bytes together (copied into kept_dir(out), never through a link), and nothing else; the tmpfs (if any)
+    unmounted. What was dropped: each name as ascii() writes it (a name is the training's text)."""
+    kept = kept_dir(out)
+    if not os.path.lexists(kept) or not stat.S_ISDIR(os.lstat(kept).st_mode):
+        release(kept)
+        kept.mkdir()
+    dropped, left = [], total
     for name in sorted(os.listdir(out)):
         if name in keep:
             try:
-                safe_read.copy_regular(out / name, kept / name, limits.get(name, OUT_LIMIT))
+                safe_read.copy_regular(out / name, kept / name, min(limits.get(name, total), left))
+                left -= os.lstat(kept / name).st_size
             except (OSError, safe_read.Unsafe) as e:
-                dropped.append(f"{name} ({e})")
+                dropped.append(f"{ascii(name)} ({ascii(str(e))})")
         else:
-            dropped.append(name)
+            dropped.append(ascii(name))
     if os.path.ismount(out):
         unmount(out)
         out.rmdir()

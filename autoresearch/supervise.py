@@ -232,7 +232,7 @@ def append_line(path: Path, line: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
     except OSError:
         return
-    with os.fdopen(fd, "a") as f:
+    with os.fdopen(fd, "a", errors="backslashreplace") as f:
         f.write(line + "\n")
 
 

@@ -163,7 +163,7 @@ class Worker:
         base = None
         if self.config.compile_cache != "off" and job.get("source"):
             try:  # the run's own configuration's base, new ones from a copy of the champion's
-                wanted = compiled.Wanted(job["config"], job["source"], job.get("champion", ""))
+                wanted = compiled.Wanted(job["config"], job["source"], job.get("compile_from", ""))
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
                     self.fixed, self.config, wanted, self.protection, log=lambda *a: None))
             except compiled.Tampered as e:

@@ -124,12 +124,20 @@ def test_out_is_a_tmpfs_of_its_size_and_holds_only_the_contract_files_after(tmp_
     (out / "model.graph.json").symlink_to("/etc/passwd")
     os.mkfifo(out / "model.safetensors")
     (out / "extra").mkdir()
+    os.close(os.open(os.path.join(os.fsencode(out), b"x\xff\nstep=99999 | loss=0.0"), os.O_CREAT | os.O_WRONLY))
     dropped = scratch.settle(out, ("result.json", "model.graph.json", "model.safetensors"),
                              {"result.json": safe_read.RESULT_LIMIT})
     assert not os.path.ismount(out) and sorted(os.listdir(out)) == ["result.json"]
     assert not (out / "result.json").is_symlink() and (out / "result.json").read_text() == "{}"
-    assert {d.split(" ")[0] for d in dropped} == {"model.graph.json", "model.safetensors", "extra"}
-    assert scratch.settle(out, ("result.json",), {}) == []  # idempotent: a second settle keeps what is there
+    assert {d.split(" ")[0] for d in dropped} == {"'model.graph.json'", "'model.safetensors'", "'extra'",
+                                                  "'x\\udcff\\nstep=99999"}
+    # a name is the training's text: written to the run's log as ascii() writes it, one line, never a crash
+    log = tmp_path / "run.log"
+    log.write_text("")
+    from autoresearch import supervise
+    supervise.append_line(log, "out/: " + ", ".join(dropped))
+    assert log.read_text().count("\n") == 1 and "step=99999" in log.read_text()
+    assert scratch.settle(out, ("result.json",), {}) == []  # a second settle keeps what is there
 
 
 def test_a_cgroup_counts_the_cpu_of_a_child_the_kernel_reaped():
@@ -191,3 +199,54 @@ def test_on_the_cpu_clock_every_process_of_a_run_is_billed_and_an_honest_baselin
     from autoresearch import ledger
     last = ledger.read(repo / "results.tsv")[-1]
     assert last.status == "refused"
+
+
+def test_a_base_keeps_no_setuid_bit_and_nothing_writable_by_others(tmp_path):
+    """A compile phase is uid 0 inside its sandbox where root starts it, and owns what it writes: it made a copy of
+    /bin/sh setuid root in its base, on the host's disk (the red team's). check() clears every mode bit beyond
+    0755 (the phase has ended: nothing races it)."""
+    base = tmp_path / "base"
+    (base / "headers").mkdir(parents=True)
+    (base / "sh").write_bytes(b"#!/bin/sh\n")
+    os.chmod(base / "sh", 0o4777)
+    os.chmod(base / "headers", 0o1777)
+    compiled.check(base)
+    assert stat.S_IMODE((base / "sh").stat().st_mode) == 0o755
+    assert stat.S_IMODE((base / "headers").stat().st_mode) == 0o755
+
+
+def test_a_compile_phase_runs_bounded_by_the_kernel(tmp_path, small_cache, monkeypatch):
+    """The phase in a cgroup of its own (memory, processes; all of it killed after) with every file capped, on a
+    scratch base (a tmpfs where the harness may mount): it wrote 513 MB of real disk, unbounded, for up to 300 s."""
+    from autoresearch import runcgroup
+    if runcgroup.make("probe")[0] is None:
+        pytest.skip("no cgroup can be made here")
+    monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
+    cache = tmp_path / "cache"
+    cache.symlink_to(small_cache)
+    probe = ('import os, resource, sys\nprint("CGROUP", open("/proc/self/cgroup").read().replace(chr(10), " "))\n'
+             'print("FSIZE", resource.getrlimit(resource.RLIMIT_FSIZE)[0])\n'
+             'print("BASE", os.environ["TORCHINDUCTOR_CACHE_DIR"])\nsys.exit(1)\n')
+    logs = []
+    protection = "bwrap" if sandbox.bwrap_works() else "none"
+    compiled.ensure_base(half(cache), TAG, compiled.Wanted("0123456789ab", probe), protection, log=logs.append)
+    text = "\n".join(logs)
+    assert "CGROUP" in text and runcgroup.PREFIX in text, text
+    assert f"FSIZE {compiled.BASE_LIMIT}" in text
+    assert str(compiled.root(cache)) not in text.split("BASE", 1)[1]  # a scratch base, not the one on disk
+    mine = f"{runcgroup.PREFIX}{os.getpid()}-phase-"
+    assert not any(p.name.startswith(mine) for d in (runcgroup.v1_dir("cpuacct"), runcgroup.v2_dir())
+                   if d is not None for p in d.iterdir())  # removed after the phase
+
+
+def test_the_evaluator_sees_only_what_the_harness_accepted_from_out(tmp_path):
+    """Under bubblewrap the evaluator starts while the training does; it has the harness's directory of accepted
+    files bound at out/'s path, never the tmpfs the training writes (the red team read a link and 32 MB of junk
+    through it after settle() had dropped them)."""
+    out, kept = tmp_path / "out", tmp_path / "out.kept"
+    out.mkdir()
+    kept.mkdir()
+    argv = sandbox.wrap_evaluator(["true"], tmp_path, tmp_path, out, kept)
+    at = argv.index(str(out))
+    assert argv[at - 1] == str(kept) and argv[at - 2] == "--ro-bind"
+    assert str(out) not in argv[:at - 1]

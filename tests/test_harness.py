@@ -83,7 +83,7 @@ def test_keep_discard_crash_and_status(repo, env):
     statuses = [r.status for r in rows(repo)]
     assert statuses == ["keep", "keep", "keep", pruned.status, "crash"]
     if pruned.status == "pruned":
-        assert "against the champion's" in rows(repo)[3].decision and "sigma of" in rows(repo)[3].decision
+        assert "against the tag's base's" in rows(repo)[3].decision and "sigma of" in rows(repo)[3].decision
     crash = rows(repo)[-1]
     assert crash.val_bpb == 0.0 and crash.memory_gb == 0.0 and "exit status 1" in crash.description
     status = cli(repo, "status", env=env)

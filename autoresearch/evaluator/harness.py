@@ -65,8 +65,12 @@ class Evaluator:
     runs in its own sandbox (sandbox.wrap_evaluator): it reads the graph and weights a run wrote, so it may
     write nothing, reach no network, and see nothing but the data, its private directory and `out`."""
 
-    def __init__(self, sources: dict[str, bytes], cache: Path, out: Path, protection: str = "none"):
+    def __init__(self, sources: dict[str, bytes], cache: Path, out: Path, protection: str = "none",
+                 source: Path | None = None):
+        # source: the directory bound at out's path in its sandbox (scratch.kept_dir: the files the harness
+        # accepted from out/, never out/ itself, whose tmpfs the training wrote)
         self.cache, self.out, self.protection, self.proc = cache, out, protection, None
+        self.source = source or out
         sweep_stale()
         self.private = Path(tempfile.mkdtemp(prefix=PREFIX))
         (self.private / OWNER).write_text(json.dumps(processes.identity(os.getpid())))
@@ -90,7 +94,7 @@ class Evaluator:
         env["AUTORESEARCH_CACHE"] = str(self.cache)
         argv = self.argv + args
         if self.protection == "bwrap":
-            argv = sandbox.wrap_evaluator(argv, self.private, self.cache, self.out)
+            argv = sandbox.wrap_evaluator(argv, self.private, self.cache, self.out, self.source)
         # dead with the harness from its first instruction: the script's own prctl comes after Python's start-up,
         # and a harness killed in between left it running (benchmarks/faults.py, a kill while evaluating)
         argv = processes.tied_to_parent(argv)
