@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, descriptions, git, guard, ledger, memcap, proposer, sandbox, state
+from autoresearch import confine, descriptions, git, guard, ledger, memcap, netproxy, proposer, sandbox, state
 from autoresearch.errors import AgentError  # defined there: cli.py catches it without importing this module
 
 PRESETS = {
@@ -161,8 +161,21 @@ class ExternalAgent:
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
+        proxy = None
         if cap is not None:  # no validation or test tokens within its reach (confine.wrap_agent)
-            argv = cap.wrap(confine.wrap_agent(argv, self.workdir, private=private))
+            hosts = netproxy.allowlist(self.argv)
+            if hosts is not None:  # its own network: only its model's API, through the harness's proxy
+                (private / "net").mkdir()
+                proxy = netproxy.Proxy(private / "net", hosts)
+            argv = cap.wrap(confine.wrap_agent(argv, self.workdir, private=private,
+                                               network=private / "net" if proxy else None))
+        try:
+            return self._run(argv, prompt, uses_placeholder)
+        finally:
+            if proxy is not None:
+                proxy.close()
+
+    def _run(self, argv: list[str], prompt: str, uses_placeholder: bool) -> str:
         # git status (below) sees what is tracked or untracked; the guard also sees the ignored record (results.tsv,
         # the tag files), .git's config and hooks, and bytecode, which an agent has no business touching either
         watch = guard.Guard(self.workdir, exclude=[self.workdir / "train.py"])

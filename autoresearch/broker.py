@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, freezer, leftover, lock, memcap, pause, sandbox, state
+from autoresearch import confine, errors, freezer, leftover, lock, memcap, netproxy, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -249,17 +249,25 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
     cap = memcap.Cap("broker")  # what it holds while paused is bounded (memcap.py)
     frozen = freezer.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
     broker = Broker(repo, parser)
+    stack, hosts, proxy = contextlib.ExitStack(), None, None
     try:
         private = broker.dir / "state"
         private.mkdir()
-        argv = confine.wrap_agent(command, repo, allowed, broker=broker.dir / "socket", private=private)
+        hosts = netproxy.allowlist(command)
+        if hosts is not None:  # its own network: only its model's API, through the harness's proxy (netproxy.py)
+            (broker.dir / "net").mkdir()
+            proxy = netproxy.Proxy(broker.dir / "net", hosts)
+            stack.callback(proxy.close)
+        argv = confine.wrap_agent(command, repo, allowed, broker=broker.dir / "socket", private=private,
+                                  network=broker.dir / "net" if hosts is not None else None)
+        net = proxy.describe() if hosts is not None else f"the host's network ({netproxy.ENV}=*)"
         inside = f"{confine.BROKER_DIR}/{SOCKET_NAME}"
         argv[argv.index("--"):argv.index("--")] = ["--setenv", BROKER_ENV, inside]
         print(f"autoresearch agent: {' '.join(command)} confined (docs/integrity.md): it sees the system, Python, "
               f"its program and the repository read-only, and a private home with only its settings and "
               f"credentials of yours; writable are train.py, its credentials"
               f"{''.join(', ' + str(w) + ' (new, empty)' for w in allowed)}, its home and /tmp (both gone when it "
-              f"ends); no validation or test rows; the network as it is; {cap.how}; {frozen.how}. Inside, "
+              f"ends); no validation or test rows; {net}; {cap.how}; {frozen.how}. Inside, "
               f"`autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
         sandbox_proc = subprocess.Popen(cap.wrap(frozen.wrap(argv)))
         entry = pause.register(repo, sandbox_proc.pid, frozen.dir)
@@ -279,6 +287,11 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             entry.unlink(missing_ok=True)
             leftover.put_back(repo)  # its train.py is untrusted code: the committed one goes back (leftover.py)
     finally:
+        stack.close()
+        if proxy is not None and proxy.refused:
+            print(f"autoresearch agent: refused the agent's network requests for "
+                  f"{', '.join(sorted(set(proxy.refused))[:5])}; allow a host with {netproxy.ENV}=HOST",
+                  file=sys.stderr)
         broker.close()
         frozen.close()
         cap.close()

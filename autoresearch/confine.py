@@ -1,6 +1,7 @@
 """Every agent's confinement: the loop's agent (`loop --agent`) and one a user starts by hand (`autoresearch
 agent`), in one bubblewrap profile (wrap_agent): an empty root that shows only what an agent needs, read-only
-(the system, Python, its own program), with the network, a private home holding only its own settings and
+(the system, Python, its own program), a network of its own reaching only its model's API (netproxy.py), a
+private home holding only its own settings and
 credentials, train.py writable, and of the data cache the training files only (docs/integrity.md, the threat
 model). Also which paths a user may open to an agent (allow_problem, allow) and the registry of prepared caches
 that every agent's view hides (record_cache)."""
@@ -10,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
-from autoresearch import heldout, programs
+from autoresearch import heldout, netproxy, programs
 from autoresearch.sandbox import (CONFINED, PROC_READ_ONLY, bwrap_record, in_system, python_dirs, system_binds,
                                training_files)
 
@@ -42,7 +44,7 @@ BROKER_DIR = "/tmp/autoresearch-broker"  # inside an agent's sandbox: the broker
 
 
 def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker: Path | None = None,
-               private: Path | None = None) -> list[str]:
+               private: Path | None = None, network: Path | None = None) -> list[str]:
     """The one confinement of every agent: the loop's (`loop --agent`) and one a user starts by hand
     (`autoresearch agent`). An empty root showing, read-only: the system's directories, the Python installation,
     the harness's code (so that `autoresearch` runs inside), the agent's program where it is installed outside
@@ -54,7 +56,9 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     the host's (its model's API). Its own process namespace and /proc (no /proc/PID/root or fd/ of the
     harness's), no capability, a new session (no TIOCSTI into the user's terminal), no host socket under /run.
     `broker`: the directory of the broker's socket (broker.py), bound at BROKER_DIR. `private`: a directory of
-    the caller's for the session's copies of PRIVATE_STATE. The data cache is this process's
+    the caller's for the session's copies of PRIVATE_STATE. `network`: the directory of the harness's proxy socket
+    (netproxy.Proxy): the agent then has a network namespace of its own, reaching only what the proxy allows,
+    through netrelay.py (None: the host's network, asked for by the user). The data cache is this process's
     (prepare.cache_dir()), prepared (prepare.require_manifest() says how, if not)."""
     import prepare
     cache, manifest, home = prepare.cache_dir().resolve(), prepare.require_manifest(), Path.home()
@@ -124,6 +128,15 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
     if broker is not None:
         args += ["--bind", str(broker), BROKER_DIR]
+    if network is not None:  # its own namespace: loopback only; the relay inside hands connections to the proxy
+        proxy = f"http://127.0.0.1:{netproxy.RELAY_PORT}"
+        args += ["--unshare-net", "--bind", str(network), netproxy.NET_DIR]
+        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+            args += ["--setenv", name, proxy]
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            args += ["--unsetenv", name]
+        argv = [sys.executable, "-I", str(Path(netproxy.__file__).with_name("netrelay.py")),
+                f"{netproxy.NET_DIR}/{netproxy.SOCKET_NAME}", str(netproxy.RELAY_PORT), "--", *argv]
     return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
 
 

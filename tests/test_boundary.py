@@ -180,11 +180,21 @@ ATTACK_END = '''    try:
 @pytest.mark.slow
 def test_on_the_cpu_clock_every_process_of_a_run_is_billed_and_an_honest_baseline_is_not(repo, env,
                                                                                          bwrap_or_skip):
-    """Through the CLI: a stat baseline on the cpu clock keeps its 3 runs (each audited: an evaluation's CPU was
-    billed to the next run, and the second was refused), and a candidate that burns 40 CPU-s in a child the
-    kernel reaps is refused on the clock (it was kept: issue 50)."""
+    """Through the CLI: a 40 KB honest train.py's stat baseline on the cpu clock keeps its 3 runs (each audited: an
+    evaluation's CPU was billed to the next run, and the second was refused), and a candidate that burns 40 CPU-s
+    in a child the kernel reaps is refused on the clock (it was kept: issue 50)."""
     bwrap_or_skip()
-    from conftest import cli
+    import random
+
+    from conftest import cli, sh
+    # a 40 KB honest train.py: functions without repeats (zlib's 32 KB window charged such a file 12 KB unchanged,
+    # and its baseline was refused)
+    rng = random.Random(0)
+    filler = "".join(f"\n\ndef unused_{i}_{rng.getrandbits(40):x}(x):\n    return x * {rng.random():.9f}\n"
+                     for i in range(600))
+    (repo / "train.py").write_text((repo / "train.py").read_text() + filler)
+    assert len((repo / "train.py").read_bytes()) > 40_000
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "a larger train.py")
     cpu = dict(env, AUTORESEARCH_BUDGET_CLOCK="cpu", AUTORESEARCH_OUTSIDE_ALLOWANCE="12")
     assert cli(repo, "setup", "--tag", "c", env=cpu).returncode == 0
     tag = json.loads((repo / ".autoresearch" / "tags" / "c.json").read_text())

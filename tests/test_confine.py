@@ -407,3 +407,90 @@ def test_the_agents_train_py_is_put_back_when_its_session_ends_and_kept_where_th
     proc = cli(repo, "agent", "--", "true", env=env)
     assert proc.returncode == 0 and "agent-sessions" not in proc.stderr, proc.stderr[-3000:]
     assert len(list((repo / ".autoresearch" / "agent-sessions").glob("*/train.py"))) == 1
+
+
+# --- the agent's network: a namespace of its own, its model's API through the harness's proxy (issue 51) -------
+
+NET_PROBE = textwrap.dedent(r'''
+    import json, os, socket, sys
+    local, api = int(sys.argv[1]), int(sys.argv[2])
+    out = {}
+    def direct(port):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                return s.recv(64).decode()
+        except OSError as e:
+            return e.strerror or str(e)
+    def through_proxy(port):
+        proxy = os.environ.get("HTTPS_PROXY", "")
+        if not proxy:
+            return "no proxy"
+        host, _, pport = proxy.rsplit("/", 1)[1].partition(":")
+        with socket.create_connection((host, int(pport)), timeout=5) as s:
+            s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            head = s.recv(4096).decode().split("\r\n", 1)[0]
+            return head + (" " + s.recv(64).decode() if " 200 " in head else "")
+    out["local_service"] = direct(local)
+    out["local_via_proxy"] = through_proxy(local)
+    out["api_via_proxy"] = through_proxy(api)
+    try:
+        a = socket.socket(socket.AF_UNIX)
+        a.connect("\0autoresearch-test-abstract")
+        out["abstract"] = a.recv(64).decode()
+    except OSError as e:
+        out["abstract"] = e.strerror or str(e)
+    print("NET " + json.dumps(out))
+''')
+
+
+def test_the_agent_reaches_its_model_s_api_and_no_service_of_the_host(repo, env, bwrap_or_skip):
+    """Attack: with the host's network an agent reached every service on localhost (a Jupyter server runs code on
+    request) and the host's abstract Unix sockets. Now it has a namespace of its own: nothing of the host's
+    loopback, only what the harness's proxy allows (its model's API: here a stand-in on the loopback, allowed with
+    AUTORESEARCH_AGENT_HOSTS), and the proxy refuses the rest. The same probe with the host's network, asked for
+    with AUTORESEARCH_AGENT_HOSTS=*, reaches all of it: the attack as it was."""
+    import socket
+    import threading
+    bwrap_or_skip()
+
+    def serve(sock, greeting):
+        def run():
+            while True:
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(greeting)
+        threading.Thread(target=run, daemon=True).start()
+
+    local, api = socket.socket(), socket.socket()
+    abstract = socket.socket(socket.AF_UNIX)
+    for s in (local, api):
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+    abstract.bind("\0autoresearch-test-abstract")
+    abstract.listen()
+    serve(local, b"LOCAL SERVICE")
+    serve(api, b"MODEL API")
+    serve(abstract, b"ABSTRACT")
+    try:
+        (repo / "netprobe.py").write_text(NET_PROBE)
+        with open(repo / ".git" / "info" / "exclude", "a") as f:
+            f.write("netprobe.py\n")
+        argv = ["agent", "--", sys.executable, str(repo / "netprobe.py"), str(local.getsockname()[1]),
+                str(api.getsockname()[1])]
+        allowed = dict(env, AUTORESEARCH_AGENT_HOSTS=f"127.0.0.1:{api.getsockname()[1]}")
+        proc = cli(repo, *argv, env=allowed, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        seen = json.loads(proc.stdout.split("NET ", 1)[1])
+        assert seen["local_service"] != "LOCAL SERVICE" and seen["abstract"] != "ABSTRACT", seen
+        assert seen["local_via_proxy"].startswith("HTTP/1.1 403"), seen
+        assert seen["api_via_proxy"] == "HTTP/1.1 200 Connection established MODEL API", seen
+        assert "its own network" in proc.stderr and f"127.0.0.1:{local.getsockname()[1]}" in proc.stderr
+        host = cli(repo, *argv, env=dict(env, AUTORESEARCH_AGENT_HOSTS="*"), timeout=300)
+        seen = json.loads(host.stdout.split("NET ", 1)[1])
+        assert seen["local_service"] == "LOCAL SERVICE" and seen["abstract"] == "ABSTRACT", seen
+    finally:
+        for s in (local, api, abstract):
+            s.close()

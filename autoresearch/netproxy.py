@@ -1,0 +1,136 @@
+"""An agent's network: a namespace of its own, where only its model's API is reachable, through a proxy the
+harness runs outside (issue 51).
+
+Why: with the host's network an agent reached every service on localhost (a Jupyter server, Ray's dashboard, a
+database, a dev server: some run code on request) and abstract Unix sockets, all outside every sandbox.
+
+How, and why this way (Anthropic's sandbox-runtime does the same; pasta or slirp4netns would give the namespace
+the whole internet instead, and would need a filtering proxy behind them anyway):
+- the agent's sandbox unshares the network (bubblewrap: only a loopback interface inside, no route out);
+- inside, a relay (netrelay.py, started before the agent, a stdlib script) listens on 127.0.0.1:RELAY_PORT of
+  that namespace and hands every connection to a Unix socket bound in from the harness; the agent finds it
+  through HTTPS_PROXY (Claude Code, Codex, aider and git honour it);
+- outside, this proxy answers HTTP CONNECT for the hosts on the agent's allowlist only (its model's API: HOSTS,
+  plus AUTORESEARCH_AGENT_HOSTS), on port 443 unless a host:port names another, and refuses anything else with
+  403, keeping what it refused for the user. The agent never learns an address of the host's, and the host's
+  loopback is not in its namespace.
+`AUTORESEARCH_AGENT_HOSTS=*` is the user's explicit way back to the host's network (said as the agent starts).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import threading
+from pathlib import Path
+
+ENV = "AUTORESEARCH_AGENT_HOSTS"
+RELAY_PORT = 3128        # inside the agent's network namespace: the relay's port (nothing else listens there)
+SOCKET_NAME = "net.sock"
+NET_DIR = "/tmp/autoresearch-net"  # inside an agent's sandbox: the directory of the proxy's socket
+HEADER_LIMIT = 16 << 10  # bytes of a CONNECT request's head
+# The model APIs of the agents the harness has presets for, by the program's name (and what their login and
+# updates need); any other command gets AUTORESEARCH_AGENT_HOSTS alone
+HOSTS = {
+    "claude": ("api.anthropic.com", "console.anthropic.com", "claude.ai", "statsig.anthropic.com"),
+    "codex": ("api.openai.com", "chatgpt.com", "auth.openai.com"),
+    "aider": ("api.anthropic.com", "api.openai.com", "openrouter.ai", "api.deepseek.com",
+              "generativelanguage.googleapis.com"),
+}
+
+
+def allowlist(command: list[str]) -> tuple[str, ...] | None:
+    """The hosts (host or host:port) the agent `command` may reach; None: the host's network, asked for by the
+    user (AUTORESEARCH_AGENT_HOSTS=*)."""
+    extra = [h.strip().lower() for h in os.environ.get(ENV, "").split(",") if h.strip()]
+    if "*" in extra:
+        return None
+    name = Path(command[0]).name if command else ""
+    return tuple(dict.fromkeys([*HOSTS.get(name, ()), *extra]))
+
+
+def permitted(target: str, allowed: tuple[str, ...]) -> tuple[str, int] | None:
+    """(host, port) of a CONNECT target on the allowlist, or None."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    host = host.strip("[]").lower()
+    if f"{host}:{port}" in allowed or (port == "443" and host in allowed):
+        return host, int(port)
+    return None
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head and len(head) < HEADER_LIMIT:
+            chunk = self.request.recv(4096)
+            if not chunk:
+                return
+            head += chunk
+        line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split()
+        target = permitted(parts[1], self.server.allowed) if len(parts) == 3 and parts[0] == "CONNECT" else None
+        if target is None:
+            self.server.refused.append(" ".join(parts[:2])[:200])
+            self.request.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+            return
+        try:
+            upstream = socket.create_connection(target, timeout=30)
+        except OSError as e:
+            self.request.sendall(f"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nX-Reason: {e}\r\n\r\n"
+                                 .encode("latin-1", "replace"))
+            return
+        upstream.settimeout(None)
+        with upstream:
+            self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            rest = head.split(b"\r\n\r\n", 1)[1]
+            if rest:
+                upstream.sendall(rest)
+            splice(self.request, upstream)
+
+
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until either side closes."""
+    def pump(src, dst):
+        try:
+            while chunk := src.recv(1 << 16):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (dst, src):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+    other = threading.Thread(target=pump, args=(b, a), daemon=True)
+    other.start()
+    pump(a, b)
+    other.join(timeout=5)
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class Proxy:
+    """The proxy for one agent's sandbox, on a Unix socket in `directory` (made by the caller, bound into the
+    sandbox at NET_DIR). `refused`: what the agent asked for and did not get."""
+
+    def __init__(self, directory: Path, allowed: tuple[str, ...]):
+        self.path = directory / SOCKET_NAME
+        self.server = _Server(str(self.path), _Handler)
+        self.server.allowed, self.server.refused = allowed, []
+        self.allowed, self.refused = allowed, self.server.refused
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.path.unlink(missing_ok=True)
+
+    def describe(self) -> str:
+        return (f"its own network: only {', '.join(self.allowed) or 'nothing'} reachable, through the harness's "
+                f"proxy (more: {ENV}=host,host)")
