@@ -171,6 +171,11 @@ class ExternalAgent:
                                                network=private / "net" if proxy else None))
         try:
             return self._run(argv, prompt, uses_placeholder)
+        except AgentError as e:
+            if proxy is not None and proxy.refused:  # a model API it may not reach: say which, and how
+                raise AgentError(f"{e}\n(its network requests for {', '.join(sorted(set(proxy.refused))[:5])} were "
+                                 f"refused: allow a host with {netproxy.ENV}=HOST)") from None
+            raise
         finally:
             if proxy is not None:
                 proxy.close()
