@@ -15,13 +15,19 @@ from conftest import ROOT, cli, sh
 PROBE = textwrap.dedent(r'''
     import json, os, subprocess, sys
     from pathlib import Path
+    def lineage():  # this process and its ancestors: bubblewrap's init, the network relay (netrelay.py)
+        pid, seen = os.getpid(), set()
+        while pid > 0 and pid not in seen:
+            seen.add(pid)
+            pid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        return seen
     cache = Path(os.environ["AUTORESEARCH_CACHE"])
     manifest = json.load(open(cache / "manifest.json"))
     held_out = [rel for rel in manifest["files"] if "/val." in rel or "/test." in rel]
     out = {"held_out_by_path": [rel for rel in held_out if os.path.exists(cache / rel)],
            "cache": sorted(os.listdir(cache)),
            "data": sorted(os.listdir(cache / manifest["data_dir"])),
-           "other_processes": [p for p in os.listdir("/proc") if p.isdigit() and int(p) > 3],
+           "other_processes": [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in lineage()],
            "ray_token": os.path.exists(os.path.expanduser("~/.ray/auth_token")) or "RAY_AUTH_TOKEN" in os.environ}
     for pid in ("1", "2"):  # the sandbox's own: no /proc/PID/root or fd/ of the harness to walk into
         try:
