@@ -25,6 +25,8 @@ import socketserver
 import threading
 from pathlib import Path
 
+from autoresearch import netrelay
+
 ENV = "AUTORESEARCH_AGENT_HOSTS"
 RELAY_PORT = 3128        # inside the agent's network namespace: the relay's port (nothing else listens there)
 SOCKET_NAME = "net.sock"
@@ -92,22 +94,10 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 def splice(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until either side closes."""
-    def pump(src, dst):
-        try:
-            while chunk := src.recv(1 << 16):
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (dst, src):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-    other = threading.Thread(target=pump, args=(b, a), daemon=True)
+    """Copy bytes both ways until either side closes (netrelay.pump, the relay's own, each way)."""
+    other = threading.Thread(target=netrelay.pump, args=(b, a), daemon=True)
     other.start()
-    pump(a, b)
+    netrelay.pump(a, b)
     other.join(timeout=5)
 
 

@@ -22,9 +22,10 @@ class Unsafe(Exception):
     """A file the run left is not a plain regular file of sane size; the message says what it is."""
 
 
-def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of `path` if it is a regular file (not a link) of at most `limit` bytes. FileNotFoundError if
-    there is none; Unsafe for anything else."""
+def open_regular(path: Path, limit: int) -> tuple[int, os.stat_result]:
+    """An open descriptor of `path` and its stat, if it is a regular file (not a link) of at most `limit` bytes,
+    checked on the descriptor (a link or a FIFO swapped in after a check is refused too). FileNotFoundError if
+    there is none; Unsafe for anything else. The caller closes it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -38,6 +39,17 @@ def read_regular(path: Path, limit: int) -> bytes:
             raise Unsafe(f"{path.name} is not a regular file (mode {stat.filemode(st.st_mode)})")
         if st.st_size > limit:
             raise Unsafe(f"{path.name} has {st.st_size:,} bytes, more than the {limit:,} allowed")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path` if it is a regular file (not a link) of at most `limit` bytes. FileNotFoundError if
+    there is none; Unsafe for anything else."""
+    fd, _ = open_regular(path, limit)
+    try:
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, min(1 << 24, limit + 1 - size))
@@ -53,22 +65,10 @@ def read_regular(path: Path, limit: int) -> bytes:
 
 
 def copy_regular(src: Path, dest: Path, limit: int) -> None:
-    """Copy `src` to the new file `dest` if it is a regular file (not a link) of at most `limit` bytes, checked
-    on the open descriptor (a link or a FIFO swapped in after a check is refused too). FileNotFoundError if there
-    is none; Unsafe for anything else."""
+    """Copy `src` to the new file `dest` if it is a regular file (not a link) of at most `limit` bytes
+    (open_regular). FileNotFoundError if there is none; Unsafe for anything else."""
+    fd, st = open_regular(src, limit)
     try:
-        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        kind = "a symbolic link" if os.path.islink(src) else f"unreadable ({e.strerror})"
-        raise Unsafe(f"{src.name} is {kind}; only regular files are accepted") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise Unsafe(f"{src.name} is not a regular file (mode {stat.filemode(st.st_mode)})")
-        if st.st_size > limit:
-            raise Unsafe(f"{src.name} has {st.st_size:,} bytes, more than the {limit:,} allowed")
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
                       st.st_mode & 0o755)
         try:
