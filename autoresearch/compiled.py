@@ -151,7 +151,7 @@ def _start(dest: Path, bases: Path, start_from: str | None) -> str:
     if seed is not None and seed.is_dir() and (bases / f"{start_from}.done").exists():
         os.utime(seed)  # in use: prune() keeps it
         try:
-            _copy(seed, dest)
+            copy_base(seed, dest)
             return f"a copy of base {start_from}"
         except (OSError, Unaccepted):  # pruned meanwhile, or holding what no run may get: from empty
             _empty(dest)
@@ -205,7 +205,7 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
         if os.path.lexists(base):
             remove(base)
         try:
-            _copy(phase_base, base)  # check()ed, then copied file by file
+            copy_base(phase_base, base)  # check()ed, then copied file by file
         except (OSError, Unaccepted) as e:  # never handed to a run, never copied forward: empty
             ok, tail = False, f"it left what the harness does not accept in its base: {e}"
             if os.path.lexists(base):
@@ -295,7 +295,7 @@ def remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _copy(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
+def copy_base(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
     """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else: directories made
     here, regular files opened without following a link (O_NOFOLLOW) and checked by the open descriptor, so a link
     or a FIFO swapped in after check() is refused too. Unaccepted (dest removed) for anything else."""
@@ -327,7 +327,7 @@ def private_copy(base: Path, run_dir: Path) -> Path:
     dest = run_dir / sandbox.COMPILE_DIR
     size = check(base)
     scratch.bounded_dir(dest, size + scratch.COMPILE_ROOM)
-    _copy(base, dest)
+    copy_base(base, dest)
     return dest
 
 

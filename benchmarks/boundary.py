@@ -1,5 +1,5 @@
 """What the training's boundary (issue 50) costs a run, on this machine: the compile cache's private copy made
-file by file by the harness (compiled._copy: directories and regular files only, checked on the open descriptor)
+file by file by the harness (compiled.copy_base: directories and regular files only, checked on the open descriptor)
 against `cp -a` (before), onto the disk and onto the run's tmpfs; a tmpfs mounted and settled for out/; a cgroup
 made, entered and removed. Interleaved, median of --repeats.
 
@@ -64,7 +64,7 @@ def main() -> int:
             dest = work / "dest"
             results["cp -a"].append(timed(lambda: subprocess.run(["cp", "-a", str(base), str(dest)], check=True)))
             shutil.rmtree(dest)
-            results["checked copy (disk)"].append(timed(lambda: compiled._copy(base, dest)))
+            results["checked copy (disk)"].append(timed(lambda: compiled.copy_base(base, dest)))
             shutil.rmtree(dest)
             run_dir = work / "run"
             run_dir.mkdir()
