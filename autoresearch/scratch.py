@@ -55,12 +55,38 @@ def can_mount() -> bool:
     return os.geteuid() == 0 and os.uname().sysname == "Linux"
 
 
+SOURCE = "autoresearch-"  # a tmpfs's source (the first column of /proc/mounts): this prefix and its maker's pid
+
+
 def mount(path: Path, size: int) -> None:
-    """A tmpfs of `size` bytes on the empty directory `path` (root only). OSError if the kernel refuses."""
+    """A tmpfs of `size` bytes on the empty directory `path` (root only), named by this process (sweep() unmounts
+    those of a process that is gone: a parallel worker killed mid-run). OSError if the kernel refuses."""
+    sweep()
     opts = f"size={max(size, 1 << 20)},mode=0755".encode()
-    if _libc().mount(b"tmpfs", str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
+    source = f"{SOURCE}{os.getpid()}".encode()
+    if _libc().mount(source, str(path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount tmpfs on {path}: {os.strerror(err)}")
+
+
+def sweep() -> list[str]:
+    """Unmount the tmpfs of runs whose harness died before settling them (it was killed: a parallel loop's worker
+    ended mid-run, a SIGKILL): each named by its maker's pid, gone now. What was unmounted."""
+    import psutil
+    done = []
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return done
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "tmpfs" and fields[0].startswith(SOURCE):
+            pid = fields[0][len(SOURCE):]
+            point = fields[1].encode().decode("unicode_escape")  # /proc/mounts escapes spaces as \040
+            if pid.isdigit() and not psutil.pid_exists(int(pid)) and \
+                    _libc().umount2(point.encode(), MNT_DETACH) == 0:
+                done.append(point)
+    return done
 
 
 def unmount(path: Path) -> None:

@@ -260,3 +260,23 @@ def test_the_evaluator_sees_only_what_the_harness_accepted_from_out(tmp_path):
     at = argv.index(str(out))
     assert argv[at - 1] == str(kept) and argv[at - 2] == "--ro-bind"
     assert str(out) not in argv[:at - 1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may mount the tmpfs")
+def test_a_tmpfs_whose_harness_died_is_unmounted_by_the_next_one(tmp_path):
+    """A parallel loop's worker killed mid-run never settles its run's out/: its tmpfs (and what the training wrote
+    in it, in memory) stayed mounted until reboot. Each is named by its maker's pid; the next mount sweeps those of
+    a process that is gone."""
+    from autoresearch import scratch
+    out = tmp_path / "out"
+    out.mkdir()
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r}); "
+            f"from autoresearch import scratch; from pathlib import Path; scratch.mount(Path({str(out)!r}), 1 << 20)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)  # mounted, then its process is gone
+    assert os.path.ismount(out)
+    other = tmp_path / "other"
+    assert scratch.bounded_dir(other, 1 << 20)
+    try:
+        assert not os.path.ismount(out)
+    finally:
+        scratch.release(other)
