@@ -460,10 +460,7 @@ def finish(model, stats: dict, batch_size: int) -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    from autoresearch.data import main as prepare_main
-    return prepare_main(argv)
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python prepare.py`: preparing is the harness's (autoresearch/data.py); this file,
+    # imported, never imports the harness
+    from autoresearch.data import main
     sys.exit(main())

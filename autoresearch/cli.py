@@ -156,8 +156,8 @@ def main(argv=None) -> int:
     args, rest = parser.parse_known_args(argv)
     args.argv = argv
     if args.command == "prepare":
-        import prepare
-        return prepare.main(rest)
+        from autoresearch import data
+        return data.main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 

@@ -59,9 +59,9 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     the caller's for the session's copies of PRIVATE_STATE. `network`: the directory of the harness's proxy socket
     (netproxy.Proxy): the agent then has a network namespace of its own, reaching only what the proxy allows,
     through netrelay.py (None: the host's network, asked for by the user). The data cache is this process's
-    (prepare.cache_dir()), prepared (prepare.require_manifest() says how, if not)."""
-    import prepare
-    cache, manifest, home = prepare.cache_dir().resolve(), prepare.require_manifest(), Path.home()
+    (runtime.cache_dir()), prepared (runtime.require_manifest() says how, if not)."""
+    import runtime  # not prepare: prepare's entry point imports the harness (autoresearch.data)
+    cache, manifest, home = runtime.cache_dir().resolve(), runtime.require_manifest(), Path.home()
     args = ["bwrap", *CONFINED, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
             "--dev", "/dev", "--proc", "/proc"]
     for entry in PROC_READ_ONLY:

@@ -67,8 +67,8 @@ def carried_bytes(source: bytes, base: bytes) -> int:
 def secrets_dir(cache: Path | None = None) -> Path:
     """Beside the data cache (<cache>-secrets): no sandbox mounts it, and an agent's hides it (confine.wrap_agent
     creates it first: a directory made after an agent's sandbox started would be visible in it)."""
-    import prepare
-    cache = (cache or prepare.cache_dir()).resolve()
+    import runtime  # not prepare: prepare's entry point imports the harness (autoresearch.data)
+    cache = (cache or runtime.cache_dir()).resolve()
     return cache.parent / f"{cache.name}-secrets"
 
 

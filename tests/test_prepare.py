@@ -6,6 +6,8 @@ import io
 import json
 import math
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -298,7 +300,9 @@ def test_bad_local_input_is_refused(tmp_path, monkeypatch):
         data.prepare(dataset="local", path=str(tmp_path / "bad.jsonl"), log=lambda *a: None)
     with pytest.raises(prepare.PrepareError, match="needs `--path"):
         data.prepare(dataset="local", log=lambda *a: None)
-    assert prepare.main(["--dataset", "local", "--path", str(tmp_path / "nope")]) == 2
+    done = subprocess.run([sys.executable, str(ROOT / "prepare.py"), "--dataset", "local", "--path",
+                           str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr  # `python prepare.py`, the documented entry point
     assert data.main(["--dataset", "local", "--path", str(tmp_path / "nope")]) == 2
 
 # --- climbmix download against a local server ------------------------------------------

@@ -484,8 +484,50 @@ def package_imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_the_package_has_no_import_cycle():
+def repository_imports() -> dict[str, set[str]]:
+    """package_imports() and the repository's top-level files (prepare.py, runtime.py, train.py): what each imports
+    of the others and of the package, at the top or inside a function."""
+    import ast
+    from pathlib import Path
+    root = Path(__file__).parent.parent
     graph = package_imports()
+    top = {p.stem: p for p in root.glob("*.py")}
+    def imported_part(tree):  # a script's `if __name__ == "__main__":` block runs as __main__, which no one imports
+        for node in tree.body:
+            if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+                continue
+            yield from ast.walk(node)
+    for name, path in top.items():
+        deps = set()
+        for node in imported_part(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                mods = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for mod in mods:
+                if mod in top:
+                    deps.add(f"{mod}.py")
+                elif mod.startswith("autoresearch."):
+                    deps.add(mod.removeprefix("autoresearch."))
+        graph[f"{name}.py"] = {d for d in deps if d in graph or d.removesuffix(".py") in top} - {f"{name}.py"}
+    for name, path in package_imports().items():  # the package's imports of the top-level files
+        source = (root / "autoresearch" / (name.replace(".", "/") + ".py"))
+        if not source.exists():
+            source = root / "autoresearch" / name.replace(".", "/") / "__init__.py"
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                graph[name] |= {f"{a.name}.py" for a in node.names if a.name in top}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module in top:
+                graph[name].add(f"{node.module}.py")
+    return graph
+
+
+def test_the_package_has_no_import_cycle():
+    """No cycle in the package, nor through the repository's top-level files (prepare.py's entry point once
+    imported autoresearch.data, which imported confine, which imported prepare for the cache's path)."""
+    graph = repository_imports()
     done, path = set(), []
 
     def visit(name):
