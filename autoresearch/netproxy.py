@@ -32,6 +32,9 @@ RELAY_PORT = 3128        # inside the agent's network namespace: the relay's por
 SOCKET_NAME = "net.sock"
 NET_DIR = "/tmp/autoresearch-net"  # inside an agent's sandbox: the directory of the proxy's socket
 HEADER_LIMIT = 16 << 10  # bytes of a CONNECT request's head
+HEAD_TIMEOUT = 30        # seconds a connection may take to send its request's head
+CONNECTIONS = 64         # connections of one agent open at once: more are closed at once
+REFUSED_KEPT = 100       # refused requests kept to name at the end
 # The model APIs of the agents the harness has presets for, by the program's name (and what their login and
 # updates need); any other command gets AUTORESEARCH_AGENT_HOSTS alone
 HOSTS = {
@@ -65,17 +68,30 @@ def permitted(target: str, allowed: tuple[str, ...]) -> tuple[str, int] | None:
 
 class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
+        if not self.server.slots.acquire(blocking=False):  # the agent's connections are bounded, the harness's fds
+            return                                          # and threads with them
+        try:
+            self._handle()
+        finally:
+            self.server.slots.release()
+
+    def _handle(self) -> None:
+        self.request.settimeout(HEAD_TIMEOUT)  # a request head that never ends holds nothing for long
         head = b""
-        while b"\r\n\r\n" not in head and len(head) < HEADER_LIMIT:
-            chunk = self.request.recv(4096)
-            if not chunk:
-                return
-            head += chunk
+        try:
+            while b"\r\n\r\n" not in head and len(head) < HEADER_LIMIT:
+                chunk = self.request.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+        except OSError:
+            return
         line = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = line.split()
         target = permitted(parts[1], self.server.allowed) if len(parts) == 3 and parts[0] == "CONNECT" else None
         if target is None:
-            self.server.refused.append(" ".join(parts[:2])[:200])
+            if len(self.server.refused) < REFUSED_KEPT:  # the agent's text: shown as ascii() writes it, never raw
+                self.server.refused.append(ascii(" ".join(parts[:2])[:200])[1:-1])
             self.request.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
             return
         try:
@@ -85,6 +101,7 @@ class _Handler(socketserver.StreamRequestHandler):
                                  .encode("latin-1", "replace"))
             return
         upstream.settimeout(None)
+        self.request.settimeout(None)
         with upstream:
             self.request.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             rest = head.split(b"\r\n\r\n", 1)[1]
@@ -113,6 +130,7 @@ class Proxy:
         self.path = directory / SOCKET_NAME
         self.server = _Server(str(self.path), _Handler)
         self.server.allowed, self.server.refused = allowed, []
+        self.server.slots = threading.BoundedSemaphore(CONNECTIONS)
         self.allowed, self.refused = allowed, self.server.refused
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
