@@ -127,10 +127,10 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
             args += ["--bind", str(copy), str(home / rel)]
     args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
     if broker is not None:
-        args += ["--bind", str(broker), BROKER_DIR]
+        args += ["--ro-bind", str(broker), BROKER_DIR]  # a socket connects through a read-only bind
     if network is not None:  # its own namespace: loopback only; the relay inside hands connections to the proxy
         proxy = f"http://127.0.0.1:{netproxy.RELAY_PORT}"
-        args += ["--unshare-net", "--bind", str(network), netproxy.NET_DIR]
+        args += ["--unshare-net", "--ro-bind", str(network), netproxy.NET_DIR]  # nothing written there
         for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
             args += ["--setenv", name, proxy]
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):

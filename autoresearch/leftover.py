@@ -9,13 +9,16 @@ read, not to run.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from autoresearch import git, lock, state
+from autoresearch.evaluator import safe_read
 
+READ_LIMIT = 1 << 20   # bytes of the agent's train.py kept: ten times a tag's limit on its size
 SESSIONS = "agent-sessions"  # under state.state_dir: one folder per session whose train.py was put back
 
 
@@ -40,20 +43,28 @@ def put_back(repo: Path, stamp: str | None = None, log=lambda text: print(text, 
             "(untrusted code: read it before you run it, docs/integrity.md)")
         return None
     with _lock(repo, log):
-        try:
-            theirs = target.read_bytes() if not target.is_symlink() else None
+        theirs, unread = None, ""
+        try:  # the agent's file: a regular file of bounded size, read without following a link (a 200 GB sparse
+            theirs = safe_read.read_regular(target, READ_LIMIT)  # one, or one of mode 000, stopped the put-back)
         except FileNotFoundError:
-            theirs = None
+            pass
+        except (OSError, safe_read.Unsafe) as e:
+            unread = str(e)
         if theirs == ours:
             return None
         saved = saved_path(repo, stamp or time.strftime("%Y%m%d-%H%M%S"))
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        if theirs is not None:
-            saved.write_bytes(theirs)
-        git.reset_to(repo, git.head(repo), state.EDITABLE)  # in place, HEAD unmoved
+        try:
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            if theirs is not None:
+                saved.write_bytes(theirs)
+        finally:  # whatever the agent left, HEAD's goes back
+            if os.path.lexists(target) and not os.path.isfile(target) or os.path.islink(target):
+                os.unlink(target)
+            git.reset_to(repo, git.head(repo), state.EDITABLE)  # in place, HEAD unmoved
+    left = (f"its text in {saved}" if theirs is not None else
+            f"a file it could not keep ({unread})" if unread else "none (deleted)")
     log(f"autoresearch agent: {state.EDITABLE} is back at the committed one ({git.head(repo)[:7]}); the agent left "
-        + (f"its text in {saved}" if theirs is not None else "none (deleted)")
-        + ": untrusted code, read it before you run it (docs/integrity.md)")
+        f"{left}: untrusted code, read it before you run it (docs/integrity.md)")
     return saved
 
 

@@ -413,6 +413,13 @@ def test_the_agents_train_py_is_put_back_when_its_session_ends_and_kept_where_th
     proc = cli(repo, "agent", "--", "true", env=env)
     assert proc.returncode == 0 and "agent-sessions" not in proc.stderr, proc.stderr[-3000:]
     assert len(list((repo / ".autoresearch" / "agent-sessions").glob("*/train.py"))) == 1
+    # a payload grown to a sparse 200 GB (4 KB of disk) made the put-back read it whole and fail (MemoryError),
+    # leaving it in the work tree (the red team's); a file of mode 000 did the same for a user other than root
+    proc = cli(repo, "agent", "--", "sh", "-c", "echo 'import os  # PAYLOAD' > train.py && truncate -s 200G "
+               "train.py && chmod 000 train.py", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (repo / "train.py").read_text() == committed and not sh(repo, "git", "status", "--porcelain")
+    assert "could not keep" in proc.stderr and "more than the" in proc.stderr, proc.stderr[-3000:]
 
 
 # --- the agent's network: a namespace of its own, its model's API through the harness's proxy (issue 51) -------
