@@ -5,6 +5,7 @@ removes those of a command that died, never a live one's."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -94,3 +95,20 @@ def sweep(parent: Path, prefix: str) -> None:
         pid = stale.name[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             remove(stale)
+
+
+UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def size_from_env(name: str, advice: str) -> int | None:
+    """The bytes an environment variable gives (512M, 8G, 4096), None where it is unset or empty; a clear error
+    naming `advice` (what to give) for anything else. The one parser of every size the user sets (memcap's,
+    runcgroup's, scratch's)."""
+    text = os.environ.get(name, "").strip().lower()
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
+    if not m or int(m[1]) == 0:
+        from autoresearch.errors import HarnessError
+        raise HarnessError(f"{name}={os.environ[name]!r}: {advice}")
+    return int(m[1]) * UNITS[m[2]]

@@ -154,14 +154,9 @@ def _start(dest: Path, bases: Path, start_from: str | None) -> str:
             copy_base(seed, dest)
             return f"a copy of base {start_from}"
         except (OSError, Unaccepted):  # pruned meanwhile, or holding what no run may get: from empty
-            _empty(dest)
+            scratch.empty(dest)
     (dest / "headers").mkdir(parents=True, exist_ok=True)
     return "empty"
-
-
-def _empty(path: Path) -> None:
-    for entry in os.scandir(path):
-        remove(Path(entry.path)) if entry.is_dir(follow_symlinks=False) else os.unlink(entry.path)
 
 
 def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, log) -> Path:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -38,27 +37,20 @@ from pathlib import Path
 
 import psutil
 
-from autoresearch import cgroups, errors
+from autoresearch import cgroups
 
 ENV = "AUTORESEARCH_AGENT_MEMORY"
 AGENT_SHARE = 0.25       # of the machine's memory: Claude Code and its tools use 0.3-1 GiB, a torch import 0.3 GiB
 AGENT_FLOOR = 2 << 30    # bytes, whatever the share: an agent that checks its train.py imports torch
 PREFIX = "autoresearch-agent-"
-UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def limit() -> int | None:
     """The bytes an agent's sandbox may hold (None: no limit, asked for by the user)."""
-    text = os.environ.get(ENV, "").strip().lower()
-    if not text:
-        return max(AGENT_FLOOR, int(AGENT_SHARE * psutil.virtual_memory().total))
-    if text == "none":
+    if os.environ.get(ENV, "").strip().lower() == "none":
         return None
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
-    if not m or int(m[1]) == 0:
-        raise errors.HarnessError(f"{ENV}={os.environ[ENV]!r}: give the bytes an agent may hold (e.g. 4G, 512M) "
-                                  "or `none` for no limit")
-    return int(m[1]) * UNITS[m[2]]
+    given = cgroups.size_from_env(ENV, "give the bytes an agent may hold (e.g. 4G, 512M) or `none` for no limit")
+    return given or max(AGENT_FLOOR, int(AGENT_SHARE * psutil.virtual_memory().total))
 
 
 def v1_parent(controller: str = "memory", probe: str | None = "memory.limit_in_bytes") -> Path | None:

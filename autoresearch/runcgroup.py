@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from autoresearch import errors
-from autoresearch.cgroups import remove, sweep, v1_dir, v2_dir
+from autoresearch.cgroups import remove, size_from_env, sweep, v1_dir, v2_dir
 
 PREFIX = "autoresearch-run-"
 RUN_MEMORY_SHARE = 0.85   # of the machine's memory a training may hold (its out/ tmpfs included)
@@ -40,14 +40,8 @@ MEMORY_ENV = "AUTORESEARCH_RUN_MEMORY"  # bytes (or 8G) a training may hold, ins
 
 
 def memory_limit() -> int:
-    text = os.environ.get(MEMORY_ENV, "").strip().lower()
-    if not text:
-        return int(RUN_MEMORY_SHARE * psutil.virtual_memory().total)
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
-    if not m or int(m[1]) == 0:
-        raise errors.HarnessError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r}: give the bytes a training may hold "
-                                  "(e.g. 16G, 8192M)")
-    return int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
+    return size_from_env(MEMORY_ENV, "give the bytes a training may hold (e.g. 16G, 8192M)") or \
+        int(RUN_MEMORY_SHARE * psutil.virtual_memory().total)
 
 
 class RunCgroup:

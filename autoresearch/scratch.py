@@ -36,16 +36,8 @@ LIMIT_ENV = "AUTORESEARCH_OUT_LIMIT"  # at setup: bytes (or 512M, 8G) a tag's ou
 
 def out_limit() -> int:
     """What a tag set up now records as out/'s size (its runs' exports must fit)."""
-    import re
-    text = os.environ.get(LIMIT_ENV, "").strip().lower()
-    if not text:
-        return OUT_LIMIT
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)i?b?", text)
-    if not m or int(m[1]) == 0:
-        from autoresearch.errors import HarnessError
-        raise HarnessError(f"{LIMIT_ENV}={os.environ[LIMIT_ENV]!r}: give the bytes out/ may hold (e.g. 8G, 512M)")
-    return int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2]]
-
+    from autoresearch import cgroups
+    return cgroups.size_from_env(LIMIT_ENV, "give the bytes out/ may hold (e.g. 8G, 512M)") or OUT_LIMIT
 
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
@@ -148,13 +140,13 @@ def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int 
         unmount(out)
         out.rmdir()
     else:
-        _empty(out)
+        empty(out)
         out.rmdir()
     kept.rename(out)
     return dropped
 
 
-def _empty(path: Path) -> None:
+def empty(path: Path) -> None:
     """Remove everything in `path` without following a link out of it."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
