@@ -441,8 +441,12 @@ NET_PROBE = textwrap.dedent(r'''
         host, _, pport = proxy.rsplit("/", 1)[1].partition(":")
         with socket.create_connection((host, int(pport)), timeout=5) as s:
             s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
-            head = s.recv(4096).decode().split("\r\n", 1)[0]
-            return head + (" " + s.recv(64).decode() if " 200 " in head else "")
+            data = b""
+            while chunk := s.recv(4096):  # the head and the service's bytes come in any number of reads, up
+                data += chunk             # to the end the service (or the proxy's refusal) closes
+            head, _, body = data.decode().partition("\r\n\r\n")
+            head = head.split("\r\n", 1)[0]
+            return head + (" " + body if " 200 " in head else "")
     out["local_service"] = direct(local)
     out["local_via_proxy"] = through_proxy(local)
     out["api_via_proxy"] = through_proxy(api)
