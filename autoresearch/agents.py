@@ -132,7 +132,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-class ExternalAgent:
+class ExternalAgent(proposer.Proposer):
     """An agent that edits train.py in `workdir`: the repository itself, or for parallel workers (driver.py)
     one working copy per agent. The prompt is always built from the repository's results.tsv."""
 
@@ -144,20 +144,20 @@ class ExternalAgent:
         self.name = spec
         self.last_outcome = None
 
-    def propose(self, context: dict) -> str:
+    def propose(self, ask: proposer.Ask = proposer.Ask()) -> str:
         """One session of the agent: its change to train.py, described."""
         private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
         # confined, it holds no more memory than memcap allows: in the parallel loop it proposes beside a training
         cap = memcap.Cap(private.name) if self.confined() else None
         try:
-            return self._session(context, private, cap)
+            return self._session(ask, private, cap)
         finally:
             if cap is not None:
                 cap.close()
             shutil.rmtree(private, ignore_errors=True)
 
-    def _session(self, context: dict, private: Path, cap: memcap.Cap | None) -> str:
-        prompt = build_prompt(self.repo, self.tag, self.last_outcome, context.get("in_flight", ()),
+    def _session(self, ask: proposer.Ask, private: Path, cap: memcap.Cap | None) -> str:
+        prompt = build_prompt(self.repo, self.tag, self.last_outcome, ask.in_flight,
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)
         argv = [a.replace("{prompt}", prompt) for a in self.argv]
@@ -245,6 +245,18 @@ class ExternalAgent:
             _kill_group(self.proc)
 
 
+def proposer_for(spec: str, repo: Path, tag: str, timeout: float, workdir: Path | None = None) -> proposer.Proposer:
+    """The proposer `--agent spec` names: a built-in one (proposer.BUILTINS), else an external agent's command."""
+    if spec not in proposer.BUILTINS:
+        return ExternalAgent(repo, tag, spec, timeout, workdir)
+    import prepare
+
+    from autoresearch.tpe import TPEProposer  # optuna: imported only when asked for
+    manifest = prepare.require_manifest()
+    kind = {"builtin": proposer.Researcher, "random": proposer.RandomSearch, "tpe": TPEProposer}[spec]
+    return kind(repo, tag, manifest["profile"], manifest["max_seq_len"])
+
+
 class WorkerProposers:
     """The proposers of a parallel loop (driver.py): the built-in one, shared and told what is in flight, or one
     external agent per worker, each editing its own working copy beside the workers' copies, so that agents think
@@ -255,9 +267,7 @@ class WorkerProposers:
         self.agents: dict[str, ExternalAgent] = {}
         self.builtin = None
         if spec in proposer.BUILTINS:
-            import prepare
-            manifest = prepare.require_manifest()
-            self.builtin = proposer.builtin(spec, repo, tag, manifest["profile"], manifest["max_seq_len"])
+            self.builtin = proposer_for(spec, repo, tag, timeout)
 
     def propose(self, name: str, head: str, running_sources: list[str], in_flight: list[str]) -> tuple[str, str]:
         """(train.py, description) of a new candidate off `head` for worker `name`."""
@@ -271,10 +281,10 @@ class WorkerProposers:
             if not (workdir / ".git").exists():
                 workdir.parent.mkdir(parents=True, exist_ok=True)
                 git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
-            agent = self.agents[name] = ExternalAgent(self.repo, self.tag, self.spec, self.timeout, workdir)
+            agent = self.agents[name] = proposer_for(self.spec, self.repo, self.tag, self.timeout, workdir)
         git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
         git.git(agent.workdir, "clean", "-q", "-f", "-d")
-        description = agent.propose({"in_flight": in_flight})
+        description = agent.propose(proposer.Ask(in_flight=tuple(in_flight)))
         return (agent.workdir / "train.py").read_text(errors="replace"), description
 
     def observe(self, name: str, outcome) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags
 from autoresearch.errors import HarnessError, MachineBusy
-from autoresearch.tagconfig import Tag
 
 
 def ensure_data(log=print) -> None:
@@ -23,14 +22,6 @@ def ensure_data(log=print) -> None:
     if prepare.load_manifest() is None:
         log("no prepared data yet: preparing the default for this machine (python prepare.py)")
         data.prepare(log=log)
-
-
-def make_agent(repo: Path, config: Tag, spec: str, agent_timeout: float):
-    if spec in proposer.BUILTINS:
-        import prepare
-        manifest = prepare.require_manifest()
-        return proposer.builtin(spec, repo, config.tag, manifest["profile"], manifest["max_seq_len"])
-    return agents.ExternalAgent(repo, config.tag, spec, agent_timeout)
 
 
 class Progress:
@@ -101,7 +92,7 @@ def main(repo: Path, args, log=print) -> int:
                            + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
     rule = args.decision or config.decision or "stat"
     recovery.recover(repo, log)
-    agent = make_agent(repo, config, args.agent, args.agent_timeout)
+    agent = agents.proposer_for(args.agent, repo, config.tag, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     begun, failures, stopping = 0, 0, False
     stop = dashboard_stop(repo)
@@ -129,7 +120,7 @@ def main(repo: Path, args, log=print) -> int:
         description = step.description
         if step.kind == "propose":
             try:
-                description = agent.propose({})
+                description = agent.propose()
             except (agents.AgentError, RuntimeError) as e:
                 failures += 1
                 log(f"agent failed to propose ({e})")

@@ -1,37 +1,26 @@
-"""The built-in researcher (`--agent builtin`): no language model, no network. Each proposal is one *move* on the
+"""The built-in proposers and what every proposer is: `Proposer` (anything that proposes the next experiment: an
+edit of train.py and its description), asked with an `Ask` (the runs in flight beside it).
+
+The built-in researcher (`--agent builtin`): no language model, no network. Each proposal is one *move* on the
 champion's train.py: an idea of the catalog (ideas.py) set to one of its variants, or one hyperparameter constant
 halved or doubled (a step of a quarter of its range where it is not a scale, the neighbouring choice of a
-categorical). Which move, a Thompson-sampling bandit decides:
+categorical). Which move:
 
-1. where the champion strayed from the public record's choice (ideas.Idea.recommended: a removed QK-norm, a
-   worse activation), the move back comes first, and once more after the champion changed;
+1. where the champion strayed from the public record's choice (ideas.Idea.recommended), the move back comes
+   first, and once more after the champion changed;
 2. a constant whose step was just kept is stepped again the same way (coordinate descent);
-3. otherwise each *arm* (an idea, or "tune NAME" for a constant) has a Beta belief in "this move gets kept":
-   its prior (1:4 for a move away from the record's choice, 1:2 for any other) plus, per decided experiment of
-   the arm, one keep, or one failure (a discard, a pruned or crashed run), or half of each for a discard whose
-   paired effect was better than its champion (a gain too small to be sure of); a failure against an earlier
-   champion counts half (the move may pay now); the arm with the highest draw moves, to a variant not yet
-   tried against the current champion if it has one. The model's size is judged by what the budget lets it
-   see: where the champion's runs trained far fewer tokens per parameter than compute-optimal training does
-   (TOKENS_PER_PARAM, FIT_BAND), a move that makes it smaller (DEPTH or MODEL_DIM down) gets the prior of a
-   move back to the record and one that makes it larger the prior of a move away; far more, the other way
-   round (a 15 s night on 2 cores: ~0.1 tokens per parameter; its TPE arm gained 5 noises by halving DEPTH,
-   which the researcher, every arm's prior alike, never tried in 21 experiments: BENCHMARKS.md). There a size
-   arm also offers halving and doubling (DEPTH 4 -> 2, MODEL_DIM 128 -> 64) and moves by the step that comes
-   nearest compute-optimal without passing it (size_step): one layer fewer was below a 15 s run's noise and
-   took 3-4 runs to discard. Shrinking, the depth goes first: until a smaller DEPTH was tried against the champion,
-   the width arm's draw proposes it (the 64-wide model lost to the 2-layer one by 3 sigma at 15 s).
-A move that failed is worth another look once the champion has changed (issue 33: ReLU squared, discarded while
-the head's init was still broken, was never tried again after the init was repaired): the record's choices of
-step 1 are tried again once after a keep, and "tried" in step 3 means tried against this champion. A constant
-outside its range (an agent's 0 for a learning rate, which halving and doubling never leave) steps back to the
-range's nearest end or its middle; once no full step of a constant is left to try from the champion and one
-failed against it, the steps of half the size (a value between) are offered.
-Never to a train.py the tag already ran, never to a variant that crashed, never on an arm that a parallel worker
-is running now (so side-by-side proposals differ).
+3. otherwise a Thompson draw per *arm* (an idea, or "tune NAME" for a constant): a Beta belief in "this move gets
+   kept", its prior (PRIOR_*) plus one keep or one failure per decided experiment of the arm (half of each for a
+   discard better than its champion but not surely; a failure against an earlier champion counts OLD_FAILURE).
+   The model's size is judged by a principle, not by a result: a champion far from compute-optimal training
+   (TOKENS_PER_PARAM, FIT_BAND) gets the prior of a move back to the record for a size move toward it, and
+   there a size arm may also halve or double (the step nearest compute-optimal without passing it: size_step).
+A failed move is tried again once the champion has changed; a constant outside its range steps back into it;
+half steps are offered once no full step is left and one failed. Never a train.py the tag already ran, a variant
+that crashed, or an arm a parallel worker is running now.
 
-`--agent random` draws moves uniformly from the same space (the benchmark's reference) and `--agent tpe` is the
-constants-only TPE proposer that came before (tpe.py). All of them read results.tsv afresh for each proposal.
+`--agent random` draws moves uniformly from the same space (the benchmark's reference); `--agent tpe` is the
+constants-only TPE proposer (tpe.py). All of them read results.tsv afresh for each proposal.
 """
 
 from __future__ import annotations
@@ -40,6 +29,7 @@ import ast
 import functools
 import math
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,8 +43,8 @@ PRIOR_NEUTRAL = (1, 2)    # no record either way; a constant's step
 RECORD_TRIES = 2          # a move back to the record's choice: tried first, and once more after a keep
 OLD_FAILURE = 0.5         # the weight of a failure against an earlier champion in an arm's belief
 TOKENS_PER_PARAM = 20     # compute-optimal training sees about 20 tokens per parameter (Hoffmann et al. 2022)
-FIT_BAND = 8              # a champion more than this factor off it: its size moves toward it are favoured (the
-                          # cpu default at 300 s trains ~5.4 a parameter; 3 layers there lost on 3 of 3 seeds, +0.010)
+FIT_BAND = 8              # more than this factor off it (the model sqrt(8) ~ 2.8x off its compute-optimal size, past
+                          # the flat bottom of Hoffmann et al.'s IsoFLOP curves): size moves toward it are favoured
 
 
 # --- what the ledger says about moves --------------------------------------------------------------------------
@@ -246,21 +236,50 @@ def _same_move(a: dict, b: dict) -> bool:
     return {k: v for k, v in a.items() if k != "from"} == {k: v for k, v in b.items() if k != "from"}
 
 
-class Proposer:
-    """What the built-in proposers share: the ledger read afresh, the moves that are allowed."""
+@dataclass(frozen=True)
+class Ask:
+    """What a proposer is asked with: the train.py of each run in flight beside it and their descriptions (the
+    parallel loop's; none in the sequential loop). Their sources are not proposed again, their arms not moved now."""
+    running: tuple[str, ...] = ()
+    in_flight: tuple[str, ...] = ()
+
+
+class Proposer(ABC):
+    """Anything that proposes the next experiment: the built-in proposers (here, tpe.py) and an external agent
+    (agents.ExternalAgent). propose() leaves the change in `workdir`'s train.py and returns its description."""
     name = ""
+    workdir: Path
+
+    @abstractmethod
+    def propose(self, ask: Ask = Ask()) -> str:
+        ...
+
+    def observe(self, outcome) -> None:
+        """Told each decided experiment's outcome (run.Outcome); the built-in proposers read results.tsv instead."""
+
+
+class SourceProposer(Proposer):
+    """A built-in proposer: a function of the champion's train.py and the tag's ledger (propose_source)."""
 
     def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
         self.repo, self.tag, self.profile, self.seq_len, self.seed = repo, tag, profile, seq_len, seed
+        self.workdir = repo
 
-    def propose(self, context: dict) -> str:
-        """Edit train.py (the champion's, checked out) and return the description of the change."""
-        path = self.repo / state.EDITABLE
-        new_source, description = self.propose_source(path.read_text(errors="replace"), in_flight=context.get("in_flight", ()))
+    def propose(self, ask: Ask = Ask()) -> str:
+        path = self.workdir / state.EDITABLE
+        new_source, description = self.propose_source(path.read_text(errors="replace"), ask.running, ask.in_flight)
         path.write_text(new_source)
         return description
 
-    def allowed(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[list[Move], list]:
+    @abstractmethod
+    def propose_source(self, source: str, running=(), in_flight=()) -> tuple[str, str]:
+        """A changed copy of `source` (the champion's train.py) and its description (Ask: running, in_flight)."""
+
+
+class MoveProposer(SourceProposer):
+    """What the move proposers share: the ledger read afresh, the moves that are allowed."""
+
+    def allowed(self, source: str, running=(), in_flight=()) -> tuple[list[Move], list]:
         rows = self.rows = ledger.read(state.results(self.repo), self.tag)
         self.rng = random.Random(self.seed + len(rows) + len(running))
         past = history(rows, made_from(self.repo, rows))
@@ -277,11 +296,8 @@ class Proposer:
             raise RuntimeError("the built-in proposer has no untried move left from this train.py")
         return found, past
 
-    def observe(self, outcome) -> None:
-        pass  # everything is read from results.tsv at the next proposal
 
-
-class Researcher(Proposer):
+class Researcher(MoveProposer):
     name = "builtin"
 
     def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
@@ -331,29 +347,12 @@ class Researcher(Proposer):
                 arms.setdefault(m.arm, []).append(m)
         if not arms:
             raise RuntimeError("the built-in proposer has no untried move left from this train.py")
-        # shrinking, the depth before the width: until a smaller DEPTH was tried against this champion, the width
-        # arm's draw proposes the depth's step (on 8 fresh seeds at 15 s, DEPTH 4 -> 2 beat MODEL_DIM 128 -> 64 by
-        # 0.026, 3 sigma: the narrow model keeps fewer heads, and the unembedding is most of its compute;
-        # BENCHMARKS.md). In the parallel loop, while a smaller DEPTH is in flight the width waits for its outcome.
-        def shrinks_depth(arm: str, params: dict) -> bool:
-            return arm == "tune DEPTH" and _greater(params.get("from"), params.get("DEPTH"))
-
-        width_waits = toward == "down" and not any(
-            shrinks_depth(e.arm, e.params) and e.parent == champion for e in decided)
-        depth_in_flight = len(arms) > 1 and any(shrinks_depth(*parse_move(d)) for d in in_flight)
-        best, best_draw, depth = None, -1.0, None
-        for arm in sorted(arms):  # "tune DEPTH" before "tune MODEL_DIM"
+        best, best_draw = None, -1.0
+        for arm in sorted(arms):
             options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
             favoured = [m for m in options if size_prior(m, fit) == PRIOR_TOWARDS]
             move = ((arm in SIZE_ARMS and size_step(favoured, values, fit))
                     or self.rng.choice(favoured or options))
-            if arm == "tune DEPTH":
-                depth = move
-            elif width_waits and arm == "tune MODEL_DIM" and move.direction == "down":
-                if depth_in_flight:
-                    continue
-                if depth and depth.direction == "down" and not tried_here(depth):
-                    move = depth
             # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
             # says nothing for breaking it again)
             keeps = fails = 0.0
@@ -381,7 +380,7 @@ def _greater(a, b) -> bool:
         return False
 
 
-class RandomSearch(Proposer):
+class RandomSearch(MoveProposer):
     """A move drawn uniformly: an arm, then one of its variants (the benchmark's reference arm), from the moves
     the researcher may make: its half steps left out (the reference's space as before them), its halvings and
     doublings where it has them (far from the size the budget suits, toward it)."""
@@ -399,17 +398,7 @@ class RandomSearch(Proposer):
         return move.source, move.description
 
 
-def builtin(spec: str, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
-    """The built-in proposer named `spec` (BUILTINS), or None when spec names an external agent."""
-    if spec not in BUILTINS:
-        return None
-    if spec == "tpe":
-        from autoresearch.tpe import TPEProposer
-        return TPEProposer(repo, tag, profile, seq_len, seed)
-    return BUILTINS[spec](repo, tag, profile, seq_len, seed)
-
-
-BUILTINS = {"builtin": Researcher, "random": RandomSearch, "tpe": None}
+BUILTINS = ("builtin", "random", "tpe")  # the proposers `--agent NAME` names without a command (agents.proposer_for)
 
 
 # --- what an agent or a person should know before proposing ------------------------------------------------------

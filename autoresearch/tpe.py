@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 
 from autoresearch import decide, descriptions, git, ledger, state
+from autoresearch.proposer import SourceProposer
 from autoresearch.edit import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, rounded
 
@@ -25,13 +26,12 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 MAX_CHANGES = 2  # constants changed per proposal: small steps keep each result readable
 
 
-class TPEProposer:
+class TPEProposer(SourceProposer):
     name = "tpe"
 
     def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
-        self.repo, self.tag, self.profile, self.seq_len = repo, tag, profile, seq_len
+        super().__init__(repo, tag, profile, seq_len, seed)
         self.space = SPACES[profile]
-        self.seed = seed
         self.sources: dict[str, str | None] = {}  # commit -> its train.py (None: gone from git)
 
     def _rows(self) -> list[ledger.Row]:
@@ -83,13 +83,6 @@ class TPEProposer:
                 params=params, distributions={k: self.space[k] for k in params},
                 state=optuna.trial.TrialState.RUNNING, user_attrs={"config": f"running-{i}"}))
 
-    def propose(self, context: dict) -> str:
-        """Edit train.py (the best kept version, checked out) and return a description of the change."""
-        path = self.repo / "train.py"
-        new_source, description = self.propose_source(path.read_text())
-        path.write_text(new_source)
-        return description
-
     def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
         """A changed copy of `source` (the champion's train.py) and its description; `running`: see sync."""
         self.sync(running)
@@ -118,6 +111,3 @@ class TPEProposer:
                 continue
             return new_source, descriptions.constants_text((k, current[k], v) for k, v in changes.items())
         raise RuntimeError("the built-in proposer found no untried configuration in 50 attempts")
-
-    def observe(self, outcome) -> None:
-        self.sync()

@@ -46,7 +46,7 @@ def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tm
     seen = set()
     for i in range(12):
         proposer = TPEProposer(repo, "p", "cpu", seq_len=32, seed=i)  # a fresh process each time
-        description = proposer.propose({})
+        description = proposer.propose()
         new = (repo / "train.py").read_text()
         ast.parse(new)
         changed = [l for l in difflib.unified_diff(base.splitlines(), new.splitlines(), lineterm="", n=0)

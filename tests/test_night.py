@@ -355,7 +355,7 @@ def test_an_agent_that_edits_the_record_is_restored_and_named(repo, env, tmp_pat
     script.write_text("#!/bin/sh\necho '# tweak' >> train.py\necho forged >> results.tsv\n"
                       "echo 'DESCRIPTION: a tweak'\n")
     script.chmod(0o755)
-    description = agents.ExternalAgent(repo, "a", str(script), timeout=60).propose({})
+    description = agents.ExternalAgent(repo, "a", str(script), timeout=60).propose()
     from autoresearch import sandbox
     if sandbox.bwrap_works():  # confined: the record is read-only to it, its write failed
         assert description == "a tweak"
