@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
-                          run, schedule, state, supervise, tags)
+                          run, schedule, state, study, supervise, tags)
 from autoresearch.jobs import Job, keep_on_branch
 from autoresearch.worker import Worker
 from autoresearch.tagconfig import Tag
@@ -130,20 +130,13 @@ class Driver:
         (step: its description, its place in the series, a control's seed), or a new proposal's first run."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
-        running = [job.config for job in self.running.values()]
-        seeds_in_flight = [job.seed for job in self.running.values() if job.config == config_id]
         info = self.workers[name][1]
-        champion = tags.last_kept_commit(self.repo, self.config, rows)
-        champion_config = tags.config_of(self.repo, champion)
-        reference = run.pruning(self.repo, self.config, rows, self.rule,
-                                step.run_no == 1 and config_id != champion_config)
-        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, step.description,
-                   schedule.seed(rows, config_id, seeds_in_flight, self.rule, schedule.series_first(rows, config_id))
-                   if step.seed is None else step.seed, schedule.repeat_number(rows, config_id, running),
-                   step.run_no, record.test_threshold(rows, self.config, self.rule, step.kind), name,
-                   info["host"], info["device"],
+        plan = study.Study(self.repo, self.config, self.rule, rows).plan(
+            step, config_id, [(job.config, job.seed) for job in self.running.values()])
+        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, step.description, plan.seed,
+                   plan.repeat, plan.run_no, plan.test_threshold, name, info["host"], info["device"],
                    info["protection"], state.now(), source, tags.config_of(self.repo, self.config.base_commit),
-                   asdict(reference) if reference is not None else None)
+                   asdict(plan.pruning) if plan.pruning is not None else None)
 
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""

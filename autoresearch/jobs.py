@@ -31,7 +31,7 @@ class Job:
     compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a
                             # copy of its base, never a champion's (compiled.Wanted)
     pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
-                                 # run.pruning); not written to inflight/
+                                 # study.Study.pruning); not written to inflight/
 
 
 def keep_on_branch(repo: Path, job: Job) -> str:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load, prune,
-                          record, recovery, sandbox, schedule, state, supervise, tags)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load,
+                          record, recovery, sandbox, schedule, state, study, supervise, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -67,11 +67,11 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     run_id = state.new_run_id()
     run_dir = state.run_dir(repo, run_id)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
-    # the configuration about to run picks its seed: git's name for train.py as it will be committed (line-ending
+    # the configuration about to run is planned: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
-    first = schedule.series_first(rows, series.config) if series is not None else options.seed
-    seed = step.seed if step.seed is not None else schedule.seed(rows, planned, [], rule, first)
+    plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
+    seed = plan.seed
     ran = record.Ran(git.head(repo), description, run_id, seed, protection,
                      where=dict(host=socket.gethostname(), device=tags.device_label(config)))
 
@@ -104,15 +104,14 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     ran.commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
     state.fault_point("committed")
     ran.config = tags.config_of(repo, ran.commit)
-    ran.repeat = schedule.repeat_number(rows, ran.config, [])
+    ran.repeat = plan.repeat
     pending.update(commit=ran.commit, config=ran.config, repeat=ran.repeat)
     state.atomic_json(pending_path, pending)
 
     ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
-        run_dir, seed, pending, pending_path, run_no=series.runs + 1 if series else 1, timeout=options.timeout,
-        test_threshold=record.test_threshold(rows, config, rule, step.kind), compile_base=base,
-        on_progress=options.on_progress,
-        prune=getattr(pruning(repo, config, rows, rule, series is None), "check", None)))
+        run_dir, seed, pending, pending_path, run_no=plan.run_no, timeout=options.timeout,
+        test_threshold=plan.test_threshold, compile_base=base, on_progress=options.on_progress,
+        prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, ran)
@@ -223,16 +222,6 @@ def source_problem(raw: bytes) -> str | None:
         return (f"{EDITABLE} is not UTF-8 (byte {raw[e.start]:#04x} at offset {e.start}): save it as UTF-8 "
                 "(and drop any `coding:` line) and run again")
     return None
-
-
-def pruning(repo: Path, config: Tag, rows, rule: str, first_run: bool) -> prune.Reference | None:
-    """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
-    under the stat rule, once there is a champion; None: it trains its whole budget. Both loops ask here: this
-    process applies its .check, the parallel driver sends it to the worker with the job."""
-    if rule not in decide.REPEATING or not prune.enabled() or not first_run or decide.champion(rows) is None:
-        return None
-    return prune.reference(rows, config.budget_s, prune.log_reader(state.runs_dir(repo), state.RUN_LOG),
-                           fixed.runtime().STEP_RE, tags.config_of(repo, config.base_commit))
 
 
 def run_series(repo: Path, description: str, options: Options = Options(), on_outcome=None) -> list[Outcome]:

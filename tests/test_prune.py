@@ -71,16 +71,16 @@ def test_no_verdict_on_a_run_s_first_steps():
 
 def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
     """A confirmation run belongs to a candidate the rule found promising (a night pruned the 4th run of one at
-    P 0.948); the baseline's and naive runs have no base curve to trail. Both loops ask run.pruning: the
+    P 0.948); the baseline's and naive runs have no base curve to trail. Both loops ask study.Study.pruning: the
     parallel driver ships its Reference to the worker (as a dict), which must check as this process does."""
     import dataclasses
-    from autoresearch import ledger, run
+    from autoresearch import ledger, study
     rows = [ledger.Row(commit="abc1234", val_bpb=2.0, memory_gb=0.0, status="keep", description="baseline",
                        tag="t", run_id=f"r{i}", time="", budget_s=100, steps=1, wall_s=1.0, fingerprint="f",
                        config="cfg", seed=42 + i) for i in range(3)]
-    assert run.pruning(tmp_path, TAG, [], "stat", True) is None  # no champion yet
-    assert run.pruning(tmp_path, TAG, rows, "stat", False) is None  # a confirmation or a baseline
-    assert run.pruning(tmp_path, TAG, rows, "naive", True) is None
+    assert study.Study(tmp_path, TAG, "stat", []).pruning(True) is None  # no champion yet
+    assert study.Study(tmp_path, TAG, "stat", rows).pruning(False) is None  # a confirmation or a baseline
+    assert study.Study(tmp_path, TAG, "naive", rows).pruning(True) is None
     rng = random.Random(2)
     for i in range(3):  # the base's logs, where the driver keeps them
         (tmp_path / f"r{i}").mkdir()
@@ -89,7 +89,7 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
     from unittest import mock
     with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path), \
             mock.patch("autoresearch.tags.config_of", return_value="cfg"):
-        ref = run.pruning(tmp_path, TAG, rows, "stat", True)
+        ref = study.Study(tmp_path, TAG, "stat", rows).pruning(True)
     assert ref is not None and len(ref.base) == 3
     shipped = prune.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
     hopeless = "step=   70 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=70s | epoch=1"
@@ -104,7 +104,7 @@ def test_a_champion_that_prints_a_low_loss_prunes_no_one(tmp_path):
     shrank the pooled noise) was every later candidate's yardstick, and got 3 of 3 honest ones pruned at half their
     budget. The reference is the tag's base runs alone: an honest candidate is not pruned, and a hopeless one
     still is."""
-    from autoresearch import ledger, run
+    from autoresearch import ledger, study
 
     def row(i, config, description, status="keep"):
         return ledger.Row(commit=f"c{i}", val_bpb=2.0, memory_gb=0.0, status=status, description=description,
@@ -121,7 +121,7 @@ def test_a_champion_that_prints_a_low_loss_prunes_no_one(tmp_path):
     from unittest import mock
     with mock.patch("autoresearch.state.runs_dir", return_value=tmp_path), \
             mock.patch("autoresearch.tags.config_of", return_value="base"):
-        ref = run.pruning(tmp_path, TAG, rows, "stat", True)
+        ref = study.Study(tmp_path, TAG, "stat", rows).pruning(True)
     honest = [run_curve(3.0, random.Random(100 + k)) for k in range(3)]
     assert not any(ref.verdict(t, loss) for c in honest for t, loss in c)
     assert any(ref.verdict(t, loss) for t, loss in run_curve(4.0, random.Random(7)))

@@ -6,6 +6,7 @@ workers' clones) except for the training: execute.execute is replaced by a deter
 a function of train.py and the seed, and Ray by an in-process stand-in that runs each actor call at once."""
 
 import argparse
+import json
 import dataclasses
 import re
 import sys
@@ -302,6 +303,8 @@ def fake_execute(ctx, attempt):
     from pathlib import Path
     import runtime
     repo, run_dir, seed, prune = ctx.repo, attempt.run_dir, attempt.seed, attempt.prune
+    with open(os.environ["PLANS"], "a") as f:  # what was planned for it (study.Plan), as execute receives it
+        f.write(json.dumps([seed, attempt.run_no, attempt.test_threshold, prune is not None]) + "\n")
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
     log = run_dir / state.RUN_LOG
@@ -382,6 +385,7 @@ def night(repo, tmp_path, monkeypatch, parallel: bool, rule: str = "stat") -> li
     monkeypatch.setattr(execute, "execute", fake_execute)
     monkeypatch.setenv("LR_COUNTER", str(tmp_path / f"counter-{parallel}"))
     monkeypatch.setenv("CRASH_ONCE", str(tmp_path / f"crashed-{parallel}"))
+    monkeypatch.setenv("PLANS", str(tmp_path / f"plans-{parallel}"))
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT.format(lrs=LRS, k=len(LRS)))
     config = tags.setup(repo, "night", sandbox_mode="off", rule=rule)
@@ -416,6 +420,10 @@ def both_nights(repo, env, tmp_path, monkeypatch, rule: str) -> tuple[list[Row],
         return [(descriptions.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
                 for r in rows]
     assert decisions(sequential) == decisions(parallel)
+    # and the same plan for every run (study.Study.plan, the one place both ask): seed, place in its series, test
+    # threshold, whether it may be pruned
+    plans = [(tmp_path / f"plans-{p}").read_text().splitlines() for p in (False, True)]
+    assert plans[0] == plans[1] and len(plans[0]) == len(sequential) - 1, plans  # the killed row never ran here
     return sequential, parallel
 
 
