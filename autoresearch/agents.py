@@ -19,7 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, descriptions, git, guard, ledger, memcap, netproxy, proposer, sandbox, state
+from autoresearch import agentcgroup, confine, descriptions, git, guard, ledger, netproxy, proposer, sandbox, state
 from autoresearch.errors import AgentError  # defined there: cli.py catches it without importing this module
 
 PRESETS = {
@@ -91,7 +91,7 @@ def build_prompt(repo: Path, tag: str, last_outcome=None, in_flight: list[str] =
 
 
 OUTPUT_TAIL = 64 << 10  # characters of an agent's output kept (its end, and every DESCRIPTION line): an agent that
-# prints 150 MiB grew the harness by 465 MiB when all of it was kept, outside the agent's memory limit (memcap.py)
+# prints 150 MiB grew the harness by 465 MiB when all of it was kept, outside the agent's memory limit (agentcgroup.py)
 
 
 class Output:
@@ -148,7 +148,7 @@ class ExternalAgent(proposer.Proposer):
         """One session of the agent: its change to train.py, described."""
         private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
         # confined, it holds no more memory than memcap allows: in the parallel loop it proposes beside a training
-        cap = memcap.Cap(private.name) if self.confined() else None
+        cap = agentcgroup.Cap(private.name) if self.confined() else None
         try:
             return self._session(ask, private, cap)
         finally:
@@ -156,7 +156,7 @@ class ExternalAgent(proposer.Proposer):
                 cap.close()
             shutil.rmtree(private, ignore_errors=True)
 
-    def _session(self, ask: proposer.Ask, private: Path, cap: memcap.Cap | None) -> str:
+    def _session(self, ask: proposer.Ask, private: Path, cap: agentcgroup.Cap | None) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, ask.in_flight,
                               (self.workdir / state.EDITABLE).read_text(errors="replace"))
         uses_placeholder = any("{prompt}" in a for a in self.argv)

@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import confine, errors, freezer, leftover, lock, memcap, netproxy, pause, sandbox, state
+from autoresearch import agentcgroup, confine, errors, leftover, lock, netproxy, pause, sandbox, state
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -108,7 +108,7 @@ def check(argv: list[str], repo: Path, parser: argparse.ArgumentParser) -> list[
     return line
 
 
-# What the agent can make the harness hold outside its memory limit (memcap.py), bounded: a red team held 201 MiB
+# What the agent can make the harness hold outside its memory limit (agentcgroup.py), bounded: a red team held 201 MiB
 # in the broker with one request that never ended its line, and 302 MiB with 8 `wait`s (a harness process each)
 MAX_REQUEST = 64 << 10  # bytes of one request line: an argv of the CLI's is far shorter
 MAX_COMMANDS = 4        # commands in flight at once (an agent runs one, with a `wait` or `status` beside it)
@@ -246,8 +246,8 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         if problem:
             raise errors.HarnessError(problem)
     allowed = [confine.allow(Path(w)) for w in writable]
-    cap = memcap.Cap("broker")  # what it holds while paused is bounded (memcap.py)
-    frozen = freezer.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
+    cap = agentcgroup.Cap("broker")  # what it holds while paused is bounded (agentcgroup.py)
+    frozen = agentcgroup.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
     broker = Broker(repo, parser)
     stack, hosts, proxy = contextlib.ExitStack(), None, None
     try:
@@ -277,7 +277,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             rc = sandbox_proc.wait()
             if rc and cap.reached():
                 print(f"autoresearch agent: the agent reached its memory limit ({cap.how}); give it more with "
-                      f"{memcap.ENV}=8G (or `none`) if it needs it", file=sys.stderr)
+                      f"{agentcgroup.ENV}=8G (or `none`) if it needs it", file=sys.stderr)
             return rc
         finally:
             if sandbox_proc.poll() is None:  # interrupted: the agent ends before its train.py is put back

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
 
 
 def _checked(args) -> int:
-    from autoresearch import errors, facts, git, ledger, lock, machine_load
+    from autoresearch import errors, facts, git, ledger, lock, machine
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
@@ -183,7 +183,7 @@ def _checked(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return FAILED
     except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, errors.AgentError, git.GitError,
-            lock.LockHeld, DashboardError, facts.BadQuery, machine_load.Settings) as e:
+            lock.LockHeld, DashboardError, facts.BadQuery, machine.Settings) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
@@ -194,11 +194,11 @@ def _checked(args) -> int:
 def check_environment() -> None:
     """Every AUTORESEARCH_* setting, checked before any command does anything: a malformed one is a usage error
     naming the variable, not a failure at the next run."""
-    from autoresearch import fixed, machine_load, prune, tags
+    from autoresearch import fixed, machine, prune, tags
     fixed.budget()
     fixed.clock()
     tags.compile_cache_mode()
-    machine_load.check_settings()
+    machine.check_settings()
     prune.enabled()
 
 

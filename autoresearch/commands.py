@@ -73,7 +73,7 @@ def ideas(repo: Path, apply: list[str] | None) -> str:
     import prepare
 
     from autoresearch import errors, ideas, ledger, proposer, state, tags
-    from autoresearch.edit import EditError
+    from autoresearch.sites import EditError
     manifest = prepare.load_manifest()
     profile = manifest["profile"] if manifest else prepare.default_profile()
     path = repo / state.EDITABLE

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, guard, machine, processes, runcgroup, sandbox, scratch, tags
+from autoresearch import cgroups, fixed, guard, machine, processes, sandbox, scratch, tags
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
@@ -176,7 +176,7 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, phase_base)
-        cgroup, _ = runcgroup.make("phase")
+        cgroup, _ = cgroups.make("phase")
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         log(f"compile phase for base {name} (no data, outside the budget; from {started}): filling the compile "

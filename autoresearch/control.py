@@ -12,7 +12,7 @@ import os
 import statistics
 from statistics import fmean
 
-from autoresearch import decide, descriptions, machine_load
+from autoresearch import decide, descriptions, machine
 
 # A pair of `autoresearch run`s whose others' load differs by more than this share of the load guard's default
 # limit (half a core on 2 cores, a tenth of the machine) ends its candidate's series. On the wall clock a process
@@ -45,7 +45,7 @@ def tilted(rows, candidate: str, base: str, current: tuple[int, float | None] | 
     agent nothing to gain by loading the machine, whatever it knows of the runs so far. current: the candidate's
     run not yet in rows, (seed, load)."""
     if apart is None:  # the default limit, not AUTORESEARCH_LOAD_LIMIT: raising that must not switch this off
-        apart = max(machine_load.LOAD_MIN, machine_load.LOAD_SHARE * (os.cpu_count() or 1)) * LOAD_APART_SHARE
+        apart = max(machine.LOAD_MIN, machine.LOAD_SHARE * (os.cpu_count() or 1)) * LOAD_APART_SHARE
     loads = {r.seed: r.load for r in decide.finished(rows) if r.key == candidate and not r.worker}
     if current is not None:
         loads.setdefault(*current)

@@ -25,7 +25,7 @@ from prepare import PROFILES, SPECIAL_TOKENS, Tokenizer, evaluation_rows
 from runtime import MANIFEST_NAME, MANIFEST_VERSION, PrepareError, cache_dir, default_profile, load_manifest
 
 from autoresearch import confine
-from autoresearch.checksums import sha256_file, verify
+from autoresearch.fixed import sha256_file, verify
 from autoresearch.sources import (CLIMBMIX_TEST_SHARD, CLIMBMIX_VAL_SHARD, atomic_write_bytes, local_files,
                                   prepare_climbmix, prepare_gutenberg, prepare_local, read_texts)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
                           run, schedule, state, study, supervise, tags)
-from autoresearch.jobs import Job, keep_on_branch
+from autoresearch.worker import Job, keep_on_branch
 from autoresearch.worker import Worker
 from autoresearch.tagconfig import Tag
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import (compiled, fixed, git, guard, heldout, processes, runcgroup, sandbox, scratch, state, supervise,
-                          tags)
+from autoresearch import (cgroups, compiled, fixed, git, guard, heldout, processes, sandbox, scratch, state,
+                          supervise, tags)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.request import Request
@@ -172,7 +172,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
     # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
-    cgroup, how = (None, "") if config.accounting == "none" else runcgroup.make(run_dir.name)
+    cgroup, how = (None, "") if config.accounting == "none" else cgroups.make(run_dir.name)
     if cgroup is None and config.accounting not in (None, "none"):
         raise HarnessError(f"this tag's runs are measured in a {config.accounting} of their own, and none could be "
                            f"made ({how})")

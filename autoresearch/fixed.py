@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import checksums, git, sandbox, state
+from autoresearch import git, sandbox, state
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
@@ -57,7 +57,7 @@ def fingerprint(repo: Path, root: Path | None = None, full: bool = True) -> str:
         raise HarnessError(str(e)) from None
     if manifest is None:
         raise HarnessError(f"No prepared data in {root}; run `python prepare.py` first.")
-    problems = checksums.verify(manifest, root, full=full)
+    problems = verify(manifest, root, full=full)
     if problems:
         raise HarnessError("The prepared data changed since it was prepared (" + "; ".join(problems[:3]) +
                            "). Run `python prepare.py --force` to prepare it again.")
@@ -168,3 +168,29 @@ def read_result(run_dir: Path) -> tuple[dict | None, str]:
     if problems:
         return None, "result.json: " + "; ".join(problems[:4])
     return result, ""
+
+
+# --- the data's checksums -----------------------------------------------------------------------------------------
+# The prepared data's checksums: a file's sha256, and which of the manifest's files are missing or changed.
+# Written by data.py when it prepares, checked by fixed.py before and after every run.
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(manifest: dict, root: Path, full: bool = True) -> list[str]:
+    """Problems with the prepared files: missing, wrong size, or (full) wrong sha256."""
+    problems = []
+    for rel, info in manifest["files"].items():
+        f = root / rel
+        if not f.is_file():
+            problems.append(f"{rel} is missing")
+        elif f.stat().st_size != info["bytes"]:
+            problems.append(f"{rel} has {f.stat().st_size} bytes, expected {info['bytes']}")
+        elif full and sha256_file(f) != info["sha256"]:
+            problems.append(f"{rel} does not match its checksum")
+    return problems

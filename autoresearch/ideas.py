@@ -20,7 +20,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from autoresearch import descriptions
-from autoresearch.edit import EditError
+from autoresearch.sites import EditError
 from autoresearch.sites import (ConstantSite, DefaultArgSite, NotApplicable, Site, assigns, find_def, is_call_to,
                                 math_import, names, statement, tree)
 

@@ -9,7 +9,7 @@ found no margin on it that holds: a hog a quarter of a core strong, under any ma
 allows, still kept a no-op 10-38% of the time, and a nice-19 hog inflates a run's `load` for nothing
 (BENCHMARKS.md, Decisions on a drifting machine). So the load is not measured and judged: it is impossible.
 
-How: `autoresearch agent` (broker.py) starts its sandbox in a freezer cgroup of its own (freezer.py) and
+How: `autoresearch agent` (broker.py) starts its sandbox in a freezer cgroup of its own (agentcgroup.py) and
 registers it here, in the repository's state directory, which the agent cannot write: bubblewrap's pid (and its
 start time) and the cgroup. Every command that trains (`run`, `loop`: cli.py) holds `paused(repo)` from the moment
 it holds the repository's lock: the kernel freezes each registered agent's cgroup, and the pause begins once it
@@ -17,11 +17,11 @@ reports it frozen, before anything is measured or trained. A frozen task runs no
 SIGCONT timer of the agent's own (the attack that undid a pause by SIGSTOP) does not thaw it. While the pause is
 held a thread checks every CHECK_EVERY that each cgroup is still frozen, freezes it again if not, and kills it if
 that fails; a cgroup that cannot be frozen, or whose freezing the kernel does not confirm within
-freezer.FREEZE_WAIT, is killed (fail closed: an agent registered with a freezer is never paused with less). At the
+agentcgroup.FREEZE_WAIT, is killed (fail closed: an agent registered with a freezer is never paused with less). At the
 end it is thawed. If the command dies by SIGKILL, the broker's watchdog thaws what it froze once the repository's
 lock is free (the kernel releases it with its holder), within WATCH_EVERY.
 
-Where there is no freezer (no writable cgroup: freezer.Freezer says so as the agent starts), the registered
+Where there is no freezer (no writable cgroup: agentcgroup.Freezer says so as the agent starts), the registered
 sandbox is paused as before, and said so on every pause: every process descending from bubblewrap (confine.
 wrap_agent unshares a pid namespace, whose init, a descendant, adopts every orphan, and a namespace the agent
 nests inside it has its init in the tree too) is sent SIGSTOP until a scan of /proc finds every one stopped, and
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from autoresearch import errors, freezer, lock, processes, state
+from autoresearch import agentcgroup, errors, lock, processes, state
 
 REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
 STOP_TRIES = 200       # scans of /proc (a few seconds) before a process that will not stop is killed
@@ -132,7 +132,7 @@ def registry(repo: Path) -> Path:
 
 def register(repo: Path, sandbox_pid: int, cgroup: Path | None = None) -> Path:
     """Note a running agent sandbox (its bubblewrap's pid) of this repository, and the freezer cgroup it started
-    in (freezer.Freezer; None: none here); its file (remove it when the sandbox ends)."""
+    in (agentcgroup.Freezer; None: none here); its file (remove it when the sandbox ends)."""
     entry = registry(repo) / f"{sandbox_pid}.json"
     state.atomic_json(entry, {"process": processes.identity(sandbox_pid),
                               "freezer": None if cgroup is None else str(cgroup)})
@@ -158,7 +158,7 @@ def hold(sandbox: str, cgroup: Path, note: Path) -> None:
     """Freeze the sandbox's cgroup, or kill every process of it (and of the sandbox's tree) if the kernel does not
     report it frozen: an agent set up with a freezer is never left running, nor paused with less."""
     state.atomic_json(note, {"frozen": str(cgroup)})
-    if freezer.freeze(cgroup):
+    if agentcgroup.freeze(cgroup):
         return
     print(f"autoresearch: the agent's freezer cgroup {cgroup} could not be frozen: the agent's sandbox is killed "
           "instead, so that nothing of it runs beside the run (docs/integrity.md)", file=sys.stderr)
@@ -167,11 +167,11 @@ def hold(sandbox: str, cgroup: Path, note: Path) -> None:
 
 def end(sandbox: str, cgroup: Path) -> None:
     """Kill the sandbox: its cgroup, and every process descending from its bubblewrap; PauseError if any lives."""
-    killed = freezer.kill(cgroup)
+    killed = agentcgroup.kill(cgroup)
     for pid in [*members(sandbox), sandbox]:
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
-    deadline = time.monotonic() + freezer.FREEZE_WAIT
+    deadline = time.monotonic() + agentcgroup.FREEZE_WAIT
     while any(runs(pid) for pid in members(sandbox)) and time.monotonic() < deadline:
         time.sleep(0.01)
     if not killed or any(runs(pid) for pid in members(sandbox)):
@@ -191,12 +191,12 @@ class Keeper:
     def _keep(self) -> None:
         while not self.done.wait(CHECK_EVERY):
             for sandbox, cgroup in self.held:
-                if freezer.frozen(cgroup) or self.done.is_set():
+                if agentcgroup.frozen(cgroup) or self.done.is_set():
                     continue
                 self.thawed.append(cgroup)
                 print(f"autoresearch: the agent's freezer cgroup {cgroup} was thawed during a pause: frozen again",
                       file=sys.stderr)
-                if not freezer.freeze(cgroup):
+                if not agentcgroup.freeze(cgroup):
                     try:
                         end(sandbox, cgroup)
                     except PauseError as e:
@@ -212,7 +212,7 @@ def release(note: Path) -> None:
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         done = json.loads(note.read_text())
         if "frozen" in done:
-            freezer.thaw(Path(done["frozen"]))
+            agentcgroup.thaw(Path(done["frozen"]))
         else:
             cont(done["stopped"])
     note.unlink(missing_ok=True)

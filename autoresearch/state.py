@@ -6,7 +6,7 @@
     .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (driver.py)
     .autoresearch/runs/<id>/         one run: run.log, evaluation.json, out/ (the only dir a training writes)
     .autoresearch/lock               held by whoever changes state (lock.py)
-    .autoresearch/waiting.json       while a run waits for a quiet machine (machine_load.py)
+    .autoresearch/waiting.json       while a run waits for a quiet machine (machine.py)
     .autoresearch/stop               the dashboard's stop button (loop.py reads it between experiments)
     .autoresearch/detached.*         `run --detach`'s output, pid and exit status (background.py)
 

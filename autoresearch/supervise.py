@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, machine_load, processes, sandbox, scratch, state
+from autoresearch import fixed, machine, processes, sandbox, scratch, state
 
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
@@ -136,7 +136,7 @@ class Launch:
         env[fixed.runtime().SEED_ENV] = str(self.seed)
         if "AUTORESEARCH_TIME_BUDGET" in os.environ:
             env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
-        env.update(machine_load.clock_env(self.clock, self.threads))
+        env.update(machine.clock_env(self.clock, self.threads))
         if (self.run_dir / sandbox.COMPILE_DIR).is_dir():
             env["TORCHINDUCTOR_CACHE_DIR"] = str(self.run_dir / sandbox.COMPILE_DIR)
         if self.wrap is not None:
@@ -169,7 +169,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
     pending["processes"] = known
     state.atomic_json(pending_path, pending)
     start = time.monotonic()  # not the wall clock: a root training without a sandbox can set that back
-    meter = machine_load.Meter()
+    meter = machine.Meter()
     children_before = children_cpu()
     result_path = out / contract.RESULT_FILE
     result_after = cpu_at_result = written = pruned = None
@@ -179,7 +179,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
             now = time.monotonic()
             if result_after is None and os.path.lexists(result_path):
                 result_after = now - start
-                cpu_at_result = cgroup.cpu_seconds() if cgroup else machine_load.tree_cpu_seconds(known)
+                cpu_at_result = cgroup.cpu_seconds() if cgroup else machine.tree_cpu_seconds(known)
                 written = files_state(out)
             if now - start > timeout:
                 timed_out = True
@@ -202,7 +202,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
         done_after = time.monotonic() - start
         processes.reap_zombies(keep={*spare, *([proc.pid] if proc.returncode is None else [])})
         # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
-        cpu_at_done = machine_load.tree_cpu_seconds(known) + (children_cpu() - children_before)
+        cpu_at_done = machine.tree_cpu_seconds(known) + (children_cpu() - children_before)
         if cgroup is not None:  # the kernel's count: every process of the tree, reaped by anyone or not
             cpu_at_done = cgroup.cpu_seconds()
         known += [i for i in processes.descendants(spare) if i not in known]

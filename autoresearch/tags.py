@@ -19,8 +19,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from autoresearch import (confine, decide, fixed, git, heldout, ledger, machine, runcgroup, sandbox, scratch, state,
-                         tagconfig)
+from autoresearch import (cgroups, confine, decide, fixed, git, heldout, ledger, machine, sandbox, scratch, state,
+                          tagconfig)
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
@@ -82,7 +82,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
                  created=time.strftime("%Y-%m-%dT%H:%M:%S"), protection=protection, decision=rule,
                  allowance_s=outside_allowance(profile), timeout_s=timeout or default_timeout(budget, clock),
                  draw_id=heldout.new_draw(), compile_cache=compile_cache_mode(),
-                 accounting=runcgroup.available(), scratch="tmpfs" if scratch.can_mount() else "disk",
+                 accounting=cgroups.available(), scratch="tmpfs" if scratch.can_mount() else "disk",
                  out_limit_bytes=scratch.out_limit(),
                  threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
     config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
@@ -186,10 +186,10 @@ def boundary_problems(config: Tag) -> list[str]:
     never run with less (issue 50)."""
     problems = []
     if config.accounting not in (None, "none"):
-        got = runcgroup.available()
+        got = cgroups.available()
         if got != config.accounting:
             problems.append(f"this tag's runs are measured and bounded in a {config.accounting} of their own, and "
-                            f"none can be made now ({runcgroup.make('probe')[1]}): run as the user who set the tag "
+                            f"none can be made now ({cgroups.make('probe')[1]}): run as the user who set the tag "
                             "up (root, for cgroup v1), or set up a new tag here")
     if config.scratch == "tmpfs" and not scratch.can_mount():
         problems.append("this tag's runs write out/ on a tmpfs of its size, and only root may mount one: run as "

@@ -17,7 +17,7 @@ import optuna
 
 from autoresearch import decide, descriptions, git, ledger, state
 from autoresearch.proposer import SourceProposer
-from autoresearch.edit import EditError, read_constants, set_constants
+from autoresearch.sites import EditError, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, rounded
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     import prepare
 
-    from autoresearch import compiled, fixed, machine, reference, runcgroup, sandbox, scratch, state
+    from autoresearch import cgroups, compiled, fixed, machine, reference, sandbox, scratch, state
     from autoresearch.tagconfig import Tag
     cache = prepare.cache_dir()
     work = Path(tempfile.mkdtemp(prefix="autoresearch-boundary-"))
@@ -81,7 +81,7 @@ def main() -> int:
             shutil.rmtree(run_dir)
 
             def cgroup_cycle():
-                cg, _ = runcgroup.make("bench")
+                cg, _ = cgroups.make("bench")
                 if cg is not None:
                     subprocess.run(cg.wrap(["true"]), check=True)
                     cg.cpu_seconds()

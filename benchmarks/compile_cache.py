@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", help="append the measurements as one JSON line here")
     args = parser.parse_args()
     import prepare
-    from autoresearch import compiled, edit, sandbox
+    from autoresearch import compiled, sandbox, sites
     from autoresearch.state import FIXED
     source_cache = prepare.cache_dir()
     with tempfile.TemporaryDirectory(prefix="autoresearch-compilebench-") as tmp:
@@ -79,12 +79,12 @@ def main() -> None:
         print(f"compile phase, cold: {m['phase_cold_s']} s (outside the budget)", flush=True)
         run("unchanged-2")
         train = repo / "train.py"
-        train.write_text(edit.set_constants(train.read_text(), {"WARMDOWN_RATIO": 0.4}, "cpu"))
+        train.write_text(sites.set_constants(train.read_text(), {"WARMDOWN_RATIO": 0.4}, "cpu"))
         run("constants")
         subprocess.run(["git", "-C", str(repo), "checkout", "-q", "--", "train.py"], check=True)
         text = train.read_text()
         depth = int(re.search(r"^DEPTH = (\d+) if CPU", text, re.M).group(1))
-        train.write_text(edit.set_constants(text, {"DEPTH": depth + 1}, "cpu"))
+        train.write_text(sites.set_constants(text, {"DEPTH": depth + 1}, "cpu"))
         run("shape")
         subprocess.run(["git", "-C", str(repo), "checkout", "-q", "--", "train.py"], check=True)
 

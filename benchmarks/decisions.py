@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 import drift  # noqa: E402  (benchmarks/drift.py)
 from autoresearch import ledger, processes, reference  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
-from autoresearch.edit import read_constants, set_constants  # noqa: E402
+from autoresearch.sites import read_constants, set_constants  # noqa: E402
 
 RECORDS: list[dict] = []
 DRIFT: drift.Drift | None = None  # the drift switched on by --drift, if any

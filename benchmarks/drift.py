@@ -19,7 +19,7 @@ training by hand), with every descendant and, where it leads a process group of 
 with start_new_session), every member of that group. /proc is searched at the start of each slow period and every
 SCAN_EVERY seconds during one, so a training that starts mid-period is slowed within a second.
 
-Hidden from the harness: its load guard (autoresearch/machine_load.py) counts the CPU that OTHER processes keep
+Hidden from the harness: its load guard (autoresearch/machine.py) counts the CPU that OTHER processes keep
 busy; a stopped training uses none (a stopped process is neither running nor in the load average), and this
 process sleeps between a few kill() calls, well under a percent of a core (tests/test_drift.py measures it). On
 the cpu budget clock (AUTORESEARCH_BUDGET_CLOCK=cpu) a stopped training's budget does not run, so the drift

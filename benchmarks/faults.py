@@ -133,7 +133,7 @@ def main() -> int:
     subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work", reference.commit(ROOT)], check=True)
     if args.eager:
         sys.path.insert(0, str(ROOT))
-        from autoresearch.edit import set_constants
+        from autoresearch.sites import set_constants
         (repo / "train.py").write_text(set_constants((repo / "train.py").read_text(), {"USE_COMPILE": False}, "cpu"))
         subprocess.run(["git", "-C", str(repo), "-c", "user.name=faults", "-c", "user.email=f@f", "commit", "-qam",
                         "eager"], check=True)

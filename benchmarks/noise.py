@@ -12,7 +12,7 @@ load average before it started. The report gives, per group, how much of the var
 explains (throughput), and splits one run's variance into throughput (the same-seed group) and seed (what the
 varied-seed group adds). --compete odd|all starts a competing CPU-bound process (one busy core) during every
 other run or every run, as a shared machine would; --clock cpu runs train.py on the cpu budget clock with the
-environment the harness gives it (autoresearch/machine_load.py). Run it alone.
+environment the harness gives it (autoresearch/machine.py). Run it alone.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def main() -> None:
         print(report([json.loads(l) for l in Path(args.report).read_text().splitlines() if l.strip()]))
         return
     sys.path.insert(0, str(ROOT))
-    from autoresearch import machine_load, machine
-    extra = machine_load.clock_env(args.clock, machine.hardware()["cores"]) | dict(kv.split("=", 1) for kv in args.env)
+    from autoresearch import machine
+    extra = machine.clock_env(args.clock, machine.hardware()["cores"]) | dict(kv.split("=", 1) for kv in args.env)
     group = args.group or ("seeds" if args.vary_seed else "same-seed")
     rows = []
     for i in range(args.runs):

@@ -833,7 +833,7 @@ def small_cache(path: Path) -> Path:
 
 def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
     """Run one attack in a fresh repository under workdir; its outcome and every problem found."""
-    from autoresearch import checksums, ledger
+    from autoresearch import fixed, ledger
 
     scratch = workdir / "scratch"
     scratch.mkdir(parents=True)
@@ -864,7 +864,7 @@ def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
             problems.append(f"recorded without the reason {a.reason!r}: {rows[-1].description[:300]}")
         if expected[0] in ("refused", "crash") and not a.first_kept and git(ctx.repo, "rev-parse", "HEAD") != base:
             problems.append("the branch did not go back to the base commit")
-        if checksums.verify(manifest, own_cache):
+        if fixed.verify(manifest, own_cache):
             problems.append("the prepared data changed")
         if a.check:
             problems += a.check(ctx, rows)

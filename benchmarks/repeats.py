@@ -32,7 +32,7 @@ from research import ROOT, default_source, measure
 
 import runtime  # noqa: E402
 from autoresearch import machine, prune  # noqa: E402
-from autoresearch.edit import set_constants  # noqa: E402
+from autoresearch.sites import set_constants  # noqa: E402
 
 
 def pearson(xs, ys) -> float:

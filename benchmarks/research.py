@@ -68,7 +68,7 @@ from pathlib import Path
 from parallel import ROOT, fresh_repo
 
 from autoresearch import decide, descriptions, ledger, machine  # noqa: E402
-from autoresearch.edit import set_constants  # noqa: E402
+from autoresearch.sites import set_constants  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
 
 # (what it breaks, the text of the default it replaces, what it writes instead): each must match exactly once

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autoresearch.edit import set_constants  # noqa: E402
+from autoresearch.sites import set_constants  # noqa: E402
 from autoresearch import compiled, ideas  # noqa: E402
 
 

@@ -140,7 +140,7 @@ def eager_train_source() -> str:
     the whole run; compilation and its cache have their own test in test_harness) and the previous default's
     2048-token steps of 8 rows: the 4096-token default takes only 1-3 steps in 2 s, too few for the harness
     tests' models to learn anything their assertions can see."""
-    from autoresearch.edit import set_constants
+    from autoresearch.sites import set_constants
     source = set_constants(reviewed_train_source(),
                            {"USE_COMPILE": False, "DEVICE_BATCH_SIZE": 8, "TOTAL_BATCH_SIZE": 2048}, "cpu")
     # AdamW imports torch._dynamo, inside the budget (1.9 s on a 2-core AMD EPYC): most of a 2 s budget. Imported

@@ -144,8 +144,8 @@ def test_a_cgroup_counts_the_cpu_of_a_child_the_kernel_reaped():
     """The attack of issue 50: a training that ignores SIGCHLD trains in a child, reaped by the kernel: neither
     the harness's scan of live processes nor RUSAGE_CHILDREN sees it (133 s of a 10 s budget, kept). The
     kernel's count in the run's cgroup does."""
-    from autoresearch import runcgroup
-    cg, how = runcgroup.make("test")
+    from autoresearch import cgroups
+    cg, how = cgroups.make("test")
     if cg is None:
         pytest.skip(f"no cgroup can be made here ({how})")
     child = ("import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
@@ -228,8 +228,8 @@ def test_a_base_keeps_no_setuid_bit_and_nothing_writable_by_others(tmp_path):
 def test_a_compile_phase_runs_bounded_by_the_kernel(tmp_path, small_cache, monkeypatch):
     """The phase in a cgroup of its own (memory, processes; all of it killed after) with every file capped, on a
     scratch base (a tmpfs where the harness may mount): it wrote 513 MB of real disk, unbounded, for up to 300 s."""
-    from autoresearch import runcgroup
-    if runcgroup.make("probe")[0] is None:
+    from autoresearch import cgroups
+    if cgroups.make("probe")[0] is None:
         pytest.skip("no cgroup can be made here")
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
     cache = tmp_path / "cache"
@@ -241,11 +241,11 @@ def test_a_compile_phase_runs_bounded_by_the_kernel(tmp_path, small_cache, monke
     protection = "bwrap" if sandbox.bwrap_works() else "none"
     compiled.ensure_base(half(cache), TAG, compiled.Wanted("0123456789ab", probe), protection, log=logs.append)
     text = "\n".join(logs)
-    assert "CGROUP" in text and runcgroup.PREFIX in text, text
+    assert "CGROUP" in text and cgroups.PREFIX in text, text
     assert f"FSIZE {compiled.BASE_LIMIT}" in text
     assert str(compiled.root(cache)) not in text.split("BASE", 1)[1]  # a scratch base, not the one on disk
-    mine = f"{runcgroup.PREFIX}{os.getpid()}-phase-"
-    assert not any(p.name.startswith(mine) for d in (runcgroup.v1_dir("cpuacct"), runcgroup.v2_dir())
+    mine = f"{cgroups.PREFIX}{os.getpid()}-phase-"
+    assert not any(p.name.startswith(mine) for d in (cgroups.v1_dir("cpuacct"), cgroups.v2_dir())
                    if d is not None for p in d.iterdir())  # removed after the phase
 
 

@@ -17,7 +17,7 @@ from conftest import ROOT, cli, sh
 from test_loop import AGENT
 
 from autoresearch import decide, git, ledger, tags
-from autoresearch.jobs import Job, keep_on_branch
+from autoresearch.worker import Job, keep_on_branch
 from autoresearch.worker import Worker, WorkerRefused
 
 

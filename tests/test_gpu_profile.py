@@ -20,7 +20,7 @@ import pytest
 from conftest import BUDGET, FIXED, ROOT, STALL_ROOM, cli, make_corpus, sh, reviewed_train_source
 
 from autoresearch import ledger, sources
-from autoresearch.edit import read_constants, set_constants
+from autoresearch.sites import read_constants, set_constants
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
 

@@ -366,7 +366,7 @@ def test_every_run_compiles_warm_from_its_configurations_base(repo, env, small_c
     import shutil
 
     from autoresearch import compiled, decide, ledger, sandbox, state, tagconfig
-    from autoresearch.edit import set_constants
+    from autoresearch.sites import set_constants
     if not sandbox.bwrap_works() and os.environ.get("CI"):
         pytest.fail("bubblewrap is required in CI (.ci/run installs it)")
     # without bubblewrap the base is compared around each run instead (a run that wrote it would be refused)

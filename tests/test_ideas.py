@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from autoresearch import ideas
-from autoresearch.edit import EditError
+from autoresearch.sites import EditError
 from conftest import ROOT, reviewed_train_source
 
 SOURCE = reviewed_train_source()
@@ -115,7 +115,7 @@ def test_one_variant_of_each_idea_and_all_of_them_composed_train_two_steps_and_e
 def test_moves_that_would_break_train_py_s_own_checks_or_imports_are_not_offered():
     """A head size that does not divide the width; the cosine warmdown's `import math`, added where train.py
     imports and removed when nothing uses it any more (a round trip gives the shipped file back)."""
-    from autoresearch.edit import set_constants
+    from autoresearch.sites import set_constants
     narrow = set_constants(SOURCE, {"MODEL_DIM": 96}, "cpu")
     with pytest.raises(EditError, match="does not fit"):
         ideas.apply(narrow, ideas.IDEAS["head_dim"], {"HEAD_DIM": 64})

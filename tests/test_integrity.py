@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from autoresearch import checksums, ledger
+from autoresearch import fixed, ledger
 from conftest import ROOT, cli
 from test_harness import head, rows
 
@@ -38,7 +38,7 @@ def run_attack(repo, env, source, sandbox="off", message="attack"):
 
 def data_intact(cache):
     manifest = json.loads((cache / "manifest.json").read_text())
-    return checksums.verify(manifest, cache) == []
+    return fixed.verify(manifest, cache) == []
 
 
 @pytest.fixture

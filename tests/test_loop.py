@@ -13,7 +13,7 @@ import time
 import pytest
 
 from autoresearch import ledger, record, tags
-from autoresearch.edit import EditError, read_constants, set_constants
+from autoresearch.sites import EditError, read_constants, set_constants
 from conftest import ROOT, STALL_ROOM, cli, reviewed_train_source, sh
 from test_harness import rows
 

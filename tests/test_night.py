@@ -11,7 +11,7 @@ import time
 import pytest
 from conftest import ROOT, cli, sh
 
-from autoresearch import guard, ledger, machine_load, processes, tags
+from autoresearch import guard, ledger, machine, processes, tags
 
 
 # --- the guard: what the training could touch, not what people do ------------------------------------------
@@ -179,12 +179,12 @@ def test_a_venv_under_tmp_runs_in_the_sandbox(repo, env, tmp_path, bwrap_or_skip
 
 def test_the_wait_threshold_scales_with_the_cores(monkeypatch):
     monkeypatch.delenv("AUTORESEARCH_LOAD_LIMIT", raising=False)
-    assert machine_load.limit(2) == 0.5 and machine_load.limit(8) == pytest.approx(0.8) and machine_load.limit(64) == pytest.approx(6.4)
+    assert machine.limit(2) == 0.5 and machine.limit(8) == pytest.approx(0.8) and machine.limit(64) == pytest.approx(6.4)
     monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "3")
-    assert machine_load.limit(2) == 3.0
+    assert machine.limit(2) == 3.0
     monkeypatch.setenv("AUTORESEARCH_LOAD_LIMIT", "lots")
-    with pytest.raises(machine_load.Settings, match="AUTORESEARCH_LOAD_LIMIT='lots' is not a number"):
-        machine_load.limit(2)
+    with pytest.raises(machine.Settings, match="AUTORESEARCH_LOAD_LIMIT='lots' is not a number"):
+        machine.limit(2)
 
 
 @pytest.mark.slow

@@ -60,9 +60,9 @@ def nested(pid: str) -> bool:
 
 def held(repo, namespace: str) -> bool:
     """Whether the agent is paused now: its cgroup frozen, or (no freezer) every process of it stopped."""
-    from autoresearch import freezer
+    from autoresearch import agentcgroup
     cgroup = pause.registered(repo)[0][2]
-    return freezer.frozen(cgroup) if cgroup is not None else set(states(namespace).values()) <= set(pause.STOPPED)
+    return agentcgroup.frozen(cgroup) if cgroup is not None else set(states(namespace).values()) <= set(pause.STOPPED)
 
 
 @pytest.fixture(params=["freezer", "sigstop"])
@@ -70,8 +70,8 @@ def agent(tmp_path, env, monkeypatch, bwrap_or_skip, request):
     """A sandboxed agent as `autoresearch agent` starts one (its own pid namespace, in a freezer cgroup of its
     own where one can be made), registered for tmp_path."""
     bwrap_or_skip()
-    from autoresearch import freezer
-    frozen = freezer.Freezer("test") if request.param == "freezer" else None
+    from autoresearch import agentcgroup
+    frozen = agentcgroup.Freezer("test") if request.param == "freezer" else None
     if frozen is not None and frozen.dir is None:
         pytest.skip(frozen.how)
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
@@ -220,16 +220,16 @@ def timer_agent(tmp_path, request, monkeypatch):
     """An agent merely registered (no bubblewrap needed): a launcher whose child arms the SIGCONT timer, started
     as `autoresearch agent` starts its sandbox: in a freezer cgroup of its own (v2 or v1, where this machine can
     make one), or without one (SIGSTOP)."""
-    from autoresearch import freezer
+    from autoresearch import agentcgroup
     if request.param == "v1":
-        monkeypatch.setattr(freezer, "v2_parent", lambda: None)
+        monkeypatch.setattr(agentcgroup, "v2_parent", lambda: None)
     cgroup = None
     with contextlib.ExitStack() as stack:
         argv = [sys.executable, "-c", LAUNCHER, SIGCONT_TIMER]
         if request.param != "sigstop":
-            frozen = stack.enter_context(freezer.Freezer("test"))
-            if frozen.dir is None or freezer.kind(frozen.dir) != request.param:
-                pytest.skip(frozen.how if frozen.dir is None else f"a cgroup {freezer.kind(frozen.dir)} here")
+            frozen = stack.enter_context(agentcgroup.Freezer("test"))
+            if frozen.dir is None or agentcgroup.kind(frozen.dir) != request.param:
+                pytest.skip(frozen.how if frozen.dir is None else f"a cgroup {agentcgroup.kind(frozen.dir)} here")
             argv, cgroup = frozen.wrap(argv), frozen.dir
         repo = tmp_path / "repo"
         repo.mkdir()
@@ -264,23 +264,23 @@ def test_a_sigcont_timer_of_the_agents_own_undoes_a_pause_by_sigstop_not_a_froze
 
 
 def test_a_cgroup_thawed_during_the_pause_is_frozen_again_and_one_that_cannot_freeze_is_killed(timer_agent):
-    from autoresearch import freezer
+    from autoresearch import agentcgroup
     repo, proc, cgroup = timer_agent
     if cgroup is None:
         pytest.skip("the freezer's")
     with pause.paused(repo):
-        freezer.thaw(cgroup)  # another process of the user's, say
-        assert not freezer.frozen(cgroup)
+        agentcgroup.thaw(cgroup)  # another process of the user's, say
+        assert not agentcgroup.frozen(cgroup)
         deadline = time.monotonic() + 10 * pause.CHECK_EVERY
-        while not freezer.frozen(cgroup) and time.monotonic() < deadline:
+        while not agentcgroup.frozen(cgroup) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert freezer.frozen(cgroup)
-    assert not freezer.frozen(cgroup)
+        assert agentcgroup.frozen(cgroup)
+    assert not agentcgroup.frozen(cgroup)
     # a registered freezer that is gone (or will not freeze): the sandbox is killed, never left running
     pause.register(repo, proc.pid, cgroup.parent / "gone")
     with pause.paused(repo):
         assert proc.wait(timeout=10) == -signal.SIGKILL
         deadline = time.monotonic() + 30  # its busy sibling, killed too, leaves the cgroup as the kernel gets to it
-        while freezer.pids(cgroup) and time.monotonic() < deadline:
+        while agentcgroup.pids(cgroup) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert freezer.pids(cgroup) == []
+        assert agentcgroup.pids(cgroup) == []

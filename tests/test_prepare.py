@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import prepare
-from autoresearch import checksums, data, fixed, sources
+from autoresearch import data, fixed, sources
 from autoresearch.errors import HarnessError
 from conftest import FIXED, ROOT, make_corpus, prepare_small, reviewed_train_source
 
@@ -240,7 +240,7 @@ def test_fingerprint_changes_with_the_fixed_half(small_cache, tmp_path, monkeypa
     flipped = bytearray(original)
     flipped[-1] ^= 1
     offsets.write_bytes(bytes(flipped))
-    assert checksums.verify(prepare.load_manifest(), copy) == ["data/local/val.offsets.npy does not match its checksum"]
+    assert fixed.verify(prepare.load_manifest(), copy) == ["data/local/val.offsets.npy does not match its checksum"]
     with pytest.raises(HarnessError, match="prepare.py --force"):
         fixed.fingerprint(ROOT)
     offsets.write_bytes(original)
@@ -393,7 +393,7 @@ def test_climbmix_download_survives_a_failed_and_a_corrupt_shard(climbmix_env, t
     data.prepare(profile="cpu", dataset="climbmix", num_shards=2, vocab_size=300, max_seq_len=32,
                     eval_tokens=512, log=lambda *a: None)
     assert server.requests == [1]
-    assert checksums.verify(prepare.load_manifest(), prepare.cache_dir()) == []
+    assert fixed.verify(prepare.load_manifest(), prepare.cache_dir()) == []
 
 
 def test_climbmix_persistently_corrupt_shard_is_reported_and_not_kept(climbmix_env, tmp_path):

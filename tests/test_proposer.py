@@ -6,8 +6,8 @@ import collections
 import pytest
 
 from autoresearch import descriptions, facts, git, ideas, ledger, proposer, record, tags
-from autoresearch.edit import read_constants, set_constants
-from autoresearch.jobs import Job, keep_on_branch
+from autoresearch.sites import read_constants, set_constants
+from autoresearch.worker import Job, keep_on_branch
 from conftest import sh, reviewed_train_source
 
 SEQ = 32

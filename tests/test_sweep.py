@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import sweep  # noqa: E402
 
 from autoresearch import ideas  # noqa: E402
-from autoresearch.edit import read_constants  # noqa: E402
+from autoresearch.sites import read_constants  # noqa: E402
 
 
 def test_a_configuration_sets_constants_and_ideas_of_the_catalog():

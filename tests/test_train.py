@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import prepare
 from autoresearch import fixed
-from autoresearch.edit import read_constants
+from autoresearch.sites import read_constants
 from conftest import FIXED, ROOT, STALL_ROOM, eager_train_source, reviewed_train_source
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
