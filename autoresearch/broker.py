@@ -10,7 +10,7 @@ back. What the agent controls is train.py's text and the arguments of those comm
 executes: no `--sandbox off`, no tag without bubblewrap, no path the harness would write. While any command
 trains in the repository, the agent's whole sandbox is paused (pause.py), so nothing it runs shares the machine
 with a run it is judged by. When it ends, its train.py (untrusted code) is put back to the committed one and
-kept under the state directory (leftover.py).
+kept under the state directory (untrusted.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import agentcgroup, confine, errors, leftover, lock, netproxy, pause, sandbox, state
+from autoresearch import agentcgroup, confine, errors, netproxy, pause, sandbox, state, untrusted
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -179,11 +179,11 @@ class Broker:
                 "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "PYTHONNOUSERSITE": "1"}
             self.ready.wait()  # the agent's sandbox is registered, so a run pauses it (pause.py)
             try:
-                held = lock.RepoLock(state.state_dir(self.repo), f"autoresearch {command[0]} (for the agent)") \
+                held = state.RepoLock(state.state_dir(self.repo), f"autoresearch {command[0]} (for the agent)") \
                     if command[0] in LOCKED else contextlib.nullcontext()
                 with held:
                     self._run(command, env, send)
-            except lock.LockHeld as e:
+            except state.LockHeld as e:
                 send({"out": f"error: {e}\n"})
                 send({"rc": 1})
 
@@ -285,7 +285,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
                 sandbox_proc.wait()
             watchdog.close()
             entry.unlink(missing_ok=True)
-            leftover.put_back(repo)  # its train.py is untrusted code: the committed one goes back (leftover.py)
+            untrusted.put_back(repo)  # its train.py is untrusted code: the committed one goes back (untrusted.py)
     finally:
         stack.close()
         if proxy is not None and proxy.refused:

@@ -17,7 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import champion, compiled, decide, ledger, sandbox, state, tagconfig
+from autoresearch import commands, compiled, decide, ledger, sandbox, state, tagconfig
 from autoresearch.errors import HarnessError
 
 
@@ -49,7 +49,7 @@ def plan(repo: Path) -> list[Item]:
                 keep_bases.add(compiled.key(key, tagconfig.read(state.tag_file(repo, tag))))
             except HarnessError:
                 pass  # no tag file (a results.tsv copied in): its champion's base, if any, is refilled when needed
-            keep_models.update(r.run_id for r in champion.kept_runs(repo, mine, key)[:1])
+            keep_models.update(r.run_id for r in commands.kept_runs(repo, mine, key)[:1])
     items = []
     for r in rows:
         out = state.run_dir(repo, r.run_id) / sandbox.OUT_DIR  # this clone's runs only (not a worker's)

@@ -173,7 +173,7 @@ def main(argv=None) -> int:
 
 
 def _checked(args) -> int:
-    from autoresearch import errors, facts, git, ledger, lock, machine
+    from autoresearch import errors, facts, git, ledger, machine, state
     from autoresearch.dashboard import DashboardError
     import prepare
     try:
@@ -183,7 +183,7 @@ def _checked(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return FAILED
     except (errors.HarnessError, ledger.LedgerError, prepare.PrepareError, errors.AgentError, git.GitError,
-            lock.LockHeld, DashboardError, facts.BadQuery, machine.Settings) as e:
+            state.LockHeld, DashboardError, facts.BadQuery, machine.Settings) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
@@ -203,7 +203,7 @@ def check_environment() -> None:
 
 
 def _command(args) -> int:
-    from autoresearch import background, lock, pause, state, tags
+    from autoresearch import background, pause, state, tags
     if args.command == "report":
         from autoresearch import report
         print(report.main(args))
@@ -224,7 +224,7 @@ def _command(args) -> int:
         print(text, file=sys.stdout if code == OK else sys.stderr)
         return code
     if args.command in ("setup", "run", "loop", "try"):
-        with lock.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
+        with state.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
             # an agent started with `autoresearch agent` is paused while anything here trains (pause.py)
             with pause.paused(repo) if args.command != "setup" else contextlib.nullcontext():
                 return _change_state(repo, args)
@@ -234,7 +234,7 @@ def _command(args) -> int:
         return code
     if args.command == "stop":
         from autoresearch import dashboard
-        held, holder = lock.is_held(state.state_dir(repo)), lock.holder(state.state_dir(repo) / lock.LOCK_NAME)
+        held, holder = state.is_held(state.state_dir(repo)), state.holder(state.state_dir(repo) / state.LOCK_NAME)
         if not held or "autoresearch loop" not in holder:
             print("no loop is running here; nothing to stop" + (
                 f" ({holder} ends after its experiment anyway)" if held else ""))
@@ -253,19 +253,19 @@ def _command(args) -> int:
         print(commands.ideas(repo, args.apply))
         return OK
     if args.command == "best":
-        from autoresearch import champion
-        print(champion.best(repo))
+        from autoresearch import commands
+        print(commands.best(repo))
         return OK
     if args.command == "sample":
-        from autoresearch import champion
-        print(champion.sample(repo, args.prompt, args.tokens, args.temperature, args.seed, args.run_id))
+        from autoresearch import commands
+        print(commands.sample(repo, args.prompt, args.tokens, args.temperature, args.seed, args.run_id))
         return OK
     if args.command == "clean":
         from autoresearch import clean
         if not args.yes:
             print(clean.text(clean.plan(repo), deleted=False))
             return OK
-        with lock.RepoLock(state.state_dir(repo), "autoresearch clean"):  # never under a running loop
+        with state.RepoLock(state.state_dir(repo), "autoresearch clean"):  # never under a running loop
             items = clean.plan(repo)
             clean.delete(items)
         print(clean.text(items, deleted=True))
@@ -289,8 +289,8 @@ def _change_state(repo: Path, args) -> int:
     """setup, run, loop and try: called with the repository's lock held."""
     from autoresearch import run, state, tags
     if args.command == "try":
-        from autoresearch import trial
-        return OK if trial.run(repo, args.seed, args.timeout) else FAILED
+        from autoresearch import background
+        return OK if background.run(repo, args.seed, args.timeout) else FAILED
     if args.command == "setup":
         config = tags.setup(repo, args.tag, sandbox_mode=args.sandbox, rule=args.decision, timeout=args.timeout)
         print(f"on branch {config.branch}; results go to {state.results(repo)}")

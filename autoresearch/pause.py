@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from autoresearch import agentcgroup, errors, lock, processes, state
+from autoresearch import agentcgroup, errors, processes, state
 
 REGISTRY = "agents"    # the state directory's folder of registered sandboxes, one JSON file each
 STOP_TRIES = 200       # scans of /proc (a few seconds) before a process that will not stop is killed
@@ -260,10 +260,10 @@ class Watchdog:
             if not notes:
                 continue
             try:  # held, no command can be pausing meanwhile
-                with lock.RepoLock(state.state_dir(self.repo), "autoresearch agent (continuing its paused agent)"):
+                with state.RepoLock(state.state_dir(self.repo), "autoresearch agent (continuing its paused agent)"):
                     for note in notes:
                         release(note)
-            except lock.LockHeld:
+            except state.LockHeld:
                 continue  # a command holds it: it continues what it paused when it ends
 
     def close(self) -> None:

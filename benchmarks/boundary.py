@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     import prepare
 
-    from autoresearch import cgroups, compiled, fixed, machine, reference, sandbox, scratch, state
+    from autoresearch import cgroups, compiled, fixed, machine, sandbox, scratch, state, untrusted
     from autoresearch.tagconfig import Tag
     cache = prepare.cache_dir()
     work = Path(tempfile.mkdtemp(prefix="autoresearch-boundary-"))
@@ -51,7 +51,7 @@ def main() -> int:
         tag = replace(tag, peak_flops=tags.machine_peaks(half.sources, tags.threads_per_run(tag), tag.hardware))
         protection = "bwrap" if sandbox.bwrap_works() else "none"
         t0 = time.perf_counter()
-        base = compiled.ensure_base(half, tag, compiled.Wanted("benchmark000", reference.source(ROOT)), protection,
+        base = compiled.ensure_base(half, tag, compiled.Wanted("benchmark000", untrusted.source(ROOT)), protection,
                                     log=lambda *a: None)
         phase = time.perf_counter() - t0
         files = sum(1 for p in base.rglob("*") if p.is_file())

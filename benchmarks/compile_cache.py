@@ -56,8 +56,8 @@ def main() -> None:
         shutil.copytree(source_cache, cache, ignore=shutil.ignore_patterns("downloads"))
         repo = Path(tmp) / "repo"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-        from autoresearch import reference  # the reviewed train.py, never an experiment branch's (docs/integrity.md)
-        subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "bench", reference.commit(ROOT)], check=True)
+        from autoresearch import untrusted  # the reviewed train.py, never an experiment branch's (docs/integrity.md)
+        subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "bench", untrusted.commit(ROOT)], check=True)
         env = dict(os.environ, AUTORESEARCH_CACHE=str(cache), AUTORESEARCH_TIME_BUDGET=f"{args.budget:g}")
         env.pop("PYTHONPATH", None)
         out = cli(repo, env, "setup", "--tag", "compile", "--decision", "naive")

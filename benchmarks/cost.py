@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from autoresearch import reference  # noqa: E402
+from autoresearch import untrusted  # noqa: E402
 import tempfile  # noqa: E402
 
 # the reviewed train.py, imported from a scratch directory: never the work tree's (docs/integrity.md)
-REVIEWED = reference.write(Path(__file__).resolve().parent.parent, Path(tempfile.mkdtemp()))
+REVIEWED = untrusted.write(Path(__file__).resolve().parent.parent, Path(tempfile.mkdtemp()))
 sys.path.insert(0, str(REVIEWED.parent))
 import train  # noqa: E402  (sets flush-denormal first)
 import runtime  # noqa: E402

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import drift  # noqa: E402  (benchmarks/drift.py)
-from autoresearch import ledger, processes, reference  # noqa: E402
+from autoresearch import ledger, processes, untrusted  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
 from autoresearch.sites import read_constants, set_constants  # noqa: E402
 
@@ -87,7 +87,7 @@ BASE_SETTINGS: dict[str, object] = {}  # --set: constants of this checkout's tra
 
 def base_source() -> str:
     """This checkout's train.py with --set's constants: the base of every A/A tag and of the planted gain."""
-    source = reference.source(ROOT)
+    source = untrusted.source(ROOT)
     return set_constants(source, BASE_SETTINGS, "cpu") if BASE_SETTINGS else source
 
 
@@ -325,7 +325,7 @@ def main() -> None:
                              "with its number of A/A experiments (control:20,stat:10)")
         counts[rule] = int(n) if n else args.aa
     rules = list(counts)
-    defaults = read_constants(reference.source(ROOT), "cpu")
+    defaults = read_constants(untrusted.source(ROOT), "cpu")
     for item in args.set:
         name, eq, value = item.partition("=")
         if not eq or name not in defaults:

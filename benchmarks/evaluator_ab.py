@@ -17,11 +17,11 @@ cache = Path(os.environ.get("AUTORESEARCH_CACHE") or "~/.cache/autoresearch").ex
 out = WORK / "out"
 if not (out / "result.json").exists():
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET="20", AUTORESEARCH_RUN_DIR=str(out), AUTORESEARCH_SEED="42")
-    from autoresearch import reference  # the reviewed train.py, never the work tree's (docs/integrity.md)
+    from autoresearch import untrusted  # the reviewed train.py, never the work tree's (docs/integrity.md)
     from autoresearch.state import FIXED
     for name in FIXED:
         (WORK / name).write_bytes((root / name).read_bytes())
-    reference.write(root, WORK)
+    untrusted.write(root, WORK)
     subprocess.run([sys.executable, "train.py"], cwd=WORK, env=env, check=True, capture_output=True)
 result = json.loads((out / "result.json").read_text())
 spec = importlib.util.spec_from_file_location("old_evaluate", str(OLD))

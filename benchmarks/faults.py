@@ -129,8 +129,8 @@ def main() -> int:
     repo = Path(args.keep or tmp) / "repo"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     sys.path.insert(0, str(ROOT))
-    from autoresearch import reference  # the reviewed train.py, never an experiment branch's (docs/integrity.md)
-    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work", reference.commit(ROOT)], check=True)
+    from autoresearch import untrusted  # the reviewed train.py, never an experiment branch's (docs/integrity.md)
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", "-B", "work", untrusted.commit(ROOT)], check=True)
     if args.eager:
         sys.path.insert(0, str(ROOT))
         from autoresearch.sites import set_constants

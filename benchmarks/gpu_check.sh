@@ -7,7 +7,7 @@
 #   # 2. Copy BUNDLE and this checkout to the GPU host, then, there, offline:
 #   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR] [--repo DIR]
 #
-# `run` runs the train.py of --repo, unconfined (default: this checkout's reviewed train.py, autoresearch/reference.py,
+# `run` runs the train.py of --repo, unconfined (default: this checkout's reviewed train.py, autoresearch/untrusted.py,
 # never its work tree's, which an agent may have written: docs/integrity.md). It installs the missing wheels into BUNDLE/site
 # (never into the host's Python), points AUTORESEARCH_CACHE at BUNDLE/cache and TORCHINDUCTOR_CACHE_DIR at
 # OUT/inductor, runs `python train.py` by hand (it evaluates val_bpb itself: the validation split is in the

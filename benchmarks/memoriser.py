@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import redteam  # noqa: E402
 from parallel import fresh_repo  # noqa: E402
 
-from autoresearch import heldout, ledger, machine, reference, state  # noqa: E402
+from autoresearch import heldout, ledger, machine, state, untrusted  # noqa: E402
 
 
 def cli(repo: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def lookup_gain(model_dir: Path, draws: int) -> dict:
     from autoresearch.evaluator.load import load_program
     module, shape = load_program(prepare, model_dir, "cpu")
     tokens = prepare.evaluation_rows("val").reshape(-1)
-    source, n = memoriser_source(reference.source(ROOT))
+    source, n = memoriser_source(untrusted.source(ROOT))
     namespace = {"torch": torch}
     exec(redteam.memo_code(tokens, n), namespace)
     memo = namespace["_Memo"](module)
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     bound = 8 * heldout.LIMIT_BYTES / pool
     print(f"{machine.describe(hw)}; budget {os.environ.get('AUTORESEARCH_TIME_BUDGET', '300')} s; pool {pool:,} "
           f"bytes; bound 8 x {heldout.LIMIT_BYTES} / pool = {bound:.4f} bpb", flush=True)
-    base_source = reference.source(ROOT)
+    base_source = untrusted.source(ROOT)
     memo_source, carried_tokens = memoriser_source(base_source)
     print(f"the memoriser carries {carried_tokens:,} tokens of the first validation rows", flush=True)
     with tempfile.TemporaryDirectory(prefix="autoresearch-memoriser-") as tmp:

@@ -37,12 +37,12 @@ def reviewed_dir() -> Path:
     global REVIEWED
     if REVIEWED is None:
         sys.path.insert(0, str(ROOT))
-        from autoresearch import reference
+        from autoresearch import untrusted
         from autoresearch.state import FIXED
         REVIEWED = Path(tempfile.mkdtemp(prefix="autoresearch-noise-"))
         for name in FIXED:
             shutil.copy(ROOT / name, REVIEWED / name)
-        reference.write(ROOT, REVIEWED)
+        untrusted.write(ROOT, REVIEWED)
     return REVIEWED
 
 

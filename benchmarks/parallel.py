@@ -42,8 +42,8 @@ def fresh_repo(where: Path, train_source: str | None = None, fixed_from: Path = 
     repo.mkdir(parents=True)
     for name in (*FIXED, ".gitignore", "program.md"):
         shutil.copy(fixed_from / name, repo / name)
-    from autoresearch import reference  # the reviewed train.py, never the work tree's (docs/integrity.md)
-    (repo / "train.py").write_text(train_source if train_source is not None else reference.source(ROOT))
+    from autoresearch import untrusted  # the reviewed train.py, never the work tree's (docs/integrity.md)
+    (repo / "train.py").write_text(train_source if train_source is not None else untrusted.source(ROOT))
     for args in (["init", "-q", "-b", "main"], ["add", "-A"],
                  ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", "bench"]):
         subprocess.run(["git", *args], cwd=repo, check=True)

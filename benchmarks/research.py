@@ -94,8 +94,8 @@ DEFAULT_MINUTES = 85.0
 
 
 def default_source(compile_: bool) -> str:
-    from autoresearch import reference  # the reviewed train.py, never the work tree's (docs/integrity.md)
-    return set_constants(reference.source(ROOT), {"USE_COMPILE": compile_}, "cpu")
+    from autoresearch import untrusted  # the reviewed train.py, never the work tree's (docs/integrity.md)
+    return set_constants(untrusted.source(ROOT), {"USE_COMPILE": compile_}, "cpu")
 
 
 def detuned_source(compile_: bool) -> str:

@@ -66,8 +66,8 @@ def edited(rev: str | None, changes: dict, profile: str) -> str:
 
 def source_of(rev: str | None) -> str:
     if rev is None:  # the reviewed train.py, never the work tree's (docs/integrity.md)
-        from autoresearch import reference
-        return reference.source(ROOT)
+        from autoresearch import untrusted
+        return untrusted.source(ROOT)
     return subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:train.py"], check=True, capture_output=True,
                           text=True).stdout
 

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autoresearch import data, reference  # noqa: E402
+from autoresearch import data, untrusted  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402  (prepare.py and runtime.py)
 
 WORDS = ("the cat dog bird sat ran flew over under near a big small red blue green house tree river "
@@ -130,9 +130,9 @@ def compiled_warm(log: str) -> bool:
 
 @cache
 def reviewed_train_source() -> str:
-    """The train.py every test runs, imports or edits: the reviewed one (autoresearch/reference.py), never the work
+    """The train.py every test runs, imports or edits: the reviewed one (autoresearch/untrusted.py), never the work
     tree's, which is whatever an agent last wrote (a payload at its top ran here as the user, docs/integrity.md)."""
-    return reference.source(ROOT)
+    return untrusted.source(ROOT)
 
 
 def eager_train_source() -> str:

@@ -48,7 +48,10 @@ def test_a_refused_request_is_named_as_ascii_and_the_agent_s_connections_are_bou
             s.connect(str(proxy.path))
             held.append(s)
         import time
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # until the proxy has taken every slot (however slow the machine is)
+        while proxy.server.slots._value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.server.slots._value == 0
         with socket.socket(socket.AF_UNIX) as extra:
             extra.settimeout(30)
             extra.connect(str(proxy.path))

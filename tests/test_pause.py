@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from autoresearch import lock, pause, state
+from autoresearch import pause, state
 
 # The agent: a busy process that starts one in a pid namespace nested in its own (`unshare -Upf`: members of the
 # sandbox's namespace alone would miss it) and daemonises a second one (its own session, its parent gone), then
@@ -126,9 +126,9 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
     killed = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from autoresearch import lock, pause, state
+        from autoresearch import pause, state
         repo = Path({str(repo)!r})
-        with lock.RepoLock(state.state_dir(repo), "autoresearch run"):
+        with state.RepoLock(state.state_dir(repo), "autoresearch run"):
             with pause.paused(repo):
                 os.kill(os.getpid(), signal.SIGKILL)
         """)], cwd=os.path.dirname(os.path.dirname(pause.__file__)))
@@ -144,7 +144,7 @@ def test_the_watchdog_continues_an_agent_whose_pausing_command_was_killed(agent)
     finally:
         watchdog.close()
     # while a command holds the lock, the watchdog leaves its pause alone
-    with lock.RepoLock(state.state_dir(repo), "autoresearch run"), pause.paused(repo):
+    with state.RepoLock(state.state_dir(repo), "autoresearch run"), pause.paused(repo):
         watchdog = pause.Watchdog(repo)
         time.sleep(3 * pause.WATCH_EVERY)
         assert held(repo, namespace)
@@ -170,7 +170,7 @@ def test_what_the_broker_runs_that_computes_never_runs_beside_a_run(repo, capsys
     server.ready.set()
     monkeypatch.setenv(broker.BROKER_ENV, str(server.dir / "socket" / broker.SOCKET_NAME))
     try:
-        with lock.RepoLock(state.state_dir(repo), "autoresearch run"):
+        with state.RepoLock(state.state_dir(repo), "autoresearch run"):
             assert broker.forward(["sample", "--tokens", "5"]) == 1
         assert "`autoresearch run`" in capsys.readouterr().out
     finally:

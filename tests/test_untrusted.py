@@ -1,5 +1,5 @@
 """Every train.py an agent wrote, kept or not, is untrusted code (docs/integrity.md): the project's own tests never
-run the work tree's train.py, or an experiment branch's, only the reviewed one (autoresearch/reference.py)."""
+run the work tree's train.py, or an experiment branch's, only the reviewed one (autoresearch/untrusted.py)."""
 
 import os
 import re
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import reference
+from autoresearch import untrusted
 from conftest import ROOT, cli, sh
 
 PAYLOAD = "import pathlib; pathlib.Path({marker!r}).write_text('ran as the user')  # an agent's\n"
@@ -24,7 +24,7 @@ def project(tmp_path: Path) -> Path:
         if (ROOT / name).is_file():
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, clone / name)
-    (clone / "train.py").write_text(reference.source(ROOT))
+    (clone / "train.py").write_text(untrusted.source(ROOT))
     sh(clone, "git", "init", "-q", "-b", "main")
     sh(clone, "git", "add", "-A")
     sh(clone, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "reviewed")
@@ -66,14 +66,14 @@ def test_a_payload_kept_on_an_experiment_branch_never_runs_in_the_tests(tmp_path
     plant(clone, marker)
     sh(clone, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "kept")
     plant(clone, marker)  # and again, uncommitted
-    assert reference.commit(clone) == sh(clone, "git", "rev-parse", "main")
+    assert untrusted.commit(clone) == sh(clone, "git", "rev-parse", "main")
     proc = run_tests(clone, *IMPORTERS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert not marker.exists()
 
 
 def test_the_reference_is_the_newest_commit_a_users_branch_reaches(tmp_path):
-    """reference.commit: HEAD on a user's branch (or with none but experiment branches); on an experiment
+    """untrusted.commit: HEAD on a user's branch (or with none but experiment branches); on an experiment
     branch, detached at one of its commits, or a branch of it a user made, what the user's branches reach."""
     repo = tmp_path / "r"
     repo.mkdir()
@@ -81,26 +81,26 @@ def test_the_reference_is_the_newest_commit_a_users_branch_reaches(tmp_path):
     sh(repo, "git", "init", "-q", "-b", "main")
     sh(repo, "git", *commit, "base")
     base = sh(repo, "git", "rev-parse", "HEAD")
-    assert reference.commit(repo) == base
+    assert untrusted.commit(repo) == base
     sh(repo, "git", "checkout", "-q", "-b", "autoresearch/a")
     sh(repo, "git", *commit, "kept 1")
     sh(repo, "git", *commit, "kept 2")
     agents = sh(repo, "git", "rev-parse", "HEAD")
-    assert reference.commit(repo) == base
+    assert untrusted.commit(repo) == base
     sh(repo, "git", "checkout", "-q", "--detach", "HEAD~1")
-    assert reference.commit(repo) == base
+    assert untrusted.commit(repo) == base
     sh(repo, "git", "checkout", "-q", "main")
     sh(repo, "git", *commit, "reviewed later")
-    assert reference.commit(repo) == sh(repo, "git", "rev-parse", "HEAD")
+    assert untrusted.commit(repo) == sh(repo, "git", "rev-parse", "HEAD")
     sh(repo, "git", "checkout", "-q", "-b", "adopted", agents)  # the user made the champion a branch of theirs
-    assert reference.commit(repo) == agents
+    assert untrusted.commit(repo) == agents
     sh(repo, "git", "checkout", "-q", "autoresearch/a")
     sh(repo, "git", "branch", "-q", "-D", "main", "adopted")  # only experiment branches left: none to trust
-    with pytest.raises(reference.NoReference, match="no branch of yours"):
-        reference.commit(repo)
+    with pytest.raises(untrusted.NoReference, match="no branch of yours"):
+        untrusted.commit(repo)
     sh(repo, "git", "checkout", "-q", "--detach", base)  # a CI job's checkout: no branch at all
     sh(repo, "git", "branch", "-q", "-D", "autoresearch/a")
-    assert reference.commit(repo) == base
+    assert untrusted.commit(repo) == base
 
 
 # how a test or benchmark read or ran the work tree's train.py before (each one of them did)
@@ -118,7 +118,7 @@ def test_no_test_or_benchmark_reads_the_work_trees_train_py():
         found += [f"{path.name}:{i}: {line.strip()}" for i, line in enumerate(text.splitlines(), 1)
                   if WORK_TREE_TRAIN.search(line)]
         imported = re.search(r"^import train\b", text, re.M)
-        if imported and "reference.write(" not in text[:imported.start()]:
+        if imported and "untrusted.write(" not in text[:imported.start()]:
             found.append(f"{path.name}: imports train without writing the reviewed one first")
     assert not found, found
 
