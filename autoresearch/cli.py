@@ -261,14 +261,14 @@ def _command(args) -> int:
         print(commands.sample(repo, args.prompt, args.tokens, args.temperature, args.seed, args.run_id))
         return OK
     if args.command == "clean":
-        from autoresearch import clean
+        from autoresearch import commands
         if not args.yes:
-            print(clean.text(clean.plan(repo), deleted=False))
+            print(commands.text(commands.plan(repo), deleted=False))
             return OK
         with state.RepoLock(state.state_dir(repo), "autoresearch clean"):  # never under a running loop
-            items = clean.plan(repo)
-            clean.delete(items)
-        print(clean.text(items, deleted=True))
+            items = commands.plan(repo)
+            commands.delete(items)
+        print(commands.text(items, deleted=True))
         return OK
     if args.command == "status" and args.json:
         import json
