@@ -1,7 +1,7 @@
 """What the CLI's smaller commands do, each returning the text it prints: `status` (read-only, safe beside a
-running loop), `best` and `sample` (the champion, below), `clean` (below) and `ideas` (the catalog against train.py and the tag's record, or one idea written into
-train.py). cli.py parses and dispatches; the imports stay inside each command, so `autoresearch --help` loads
-nothing heavy."""
+running loop), `ideas` (the catalog against train.py and the tag's record, or one idea written into train.py),
+`best` and `sample` (the champion) and `clean` (below). cli.py parses and dispatches; the heavy imports (torch)
+stay inside the commands that need them, so `autoresearch --help` loads nothing heavy."""
 
 from __future__ import annotations
 
