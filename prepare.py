@@ -59,7 +59,8 @@ POOL_TOKENS = 2**20
 
 
 def __getattr__(name: str):
-    """TIME_BUDGET, PROFILE, MAX_SEQ_LEN, ... read lazily, so importing this file never fails or does work."""
+    """TIME_BUDGET, PROFILE, MAX_SEQ_LEN, ... read lazily, when train.py imports them: importing this file never
+    fails, so `python prepare.py --force` repairs a damaged manifest, and never reads a manifest prepared later."""
     if name == "TIME_BUDGET":
         return time_budget()
     if name == "MANIFEST":
@@ -305,10 +306,6 @@ def _rows(split: str, root: Path | None, row_len: int, n_rows: int | None = None
         except StopIteration:
             break
     return np.array(rows, dtype=np.int64).reshape(-1, row_len)
-
-
-def validation_rows() -> np.ndarray:
-    return evaluation_rows("val")
 
 
 def check_rows(n_rows: int) -> np.ndarray:

@@ -78,8 +78,8 @@ run() {
         repo="$out/reviewed"
         mkdir -p "$repo"
         cp "$ROOT/prepare.py" "$ROOT/runtime.py" "$repo/"
-        (cd "$ROOT" && "$PYTHON" -c 'import sys; from pathlib import Path; from autoresearch import reference
-reference.write(Path("."), Path(sys.argv[1]))' "$repo")
+        (cd "$ROOT" && "$PYTHON" -c 'import sys; from pathlib import Path; from autoresearch import untrusted
+untrusted.write(Path("."), Path(sys.argv[1]))' "$repo")
     fi
     # What the host's Python lacks comes from the bundle's wheels, into a directory of the bundle's own.
     # kernels (FA3) is optional: without it (or its wheel) the run takes SDPA and the report says so.

@@ -131,7 +131,7 @@ os.environ["AUTORESEARCH_CACHE"] = str(fake)
 def test_the_validation_split_is_not_visible_to_training(repo, env, sandbox, bwrap_or_skip):
     if sandbox == "on":
         bwrap_or_skip()
-    out, row = run_attack(repo, env, attack(prelude="rows = prepare.validation_rows()"), sandbox)
+    out, row = run_attack(repo, env, attack(prelude="rows = prepare.evaluation_rows('val')"), sandbox)
     assert row.status == "crash" and "exit status 1" in row.description
     assert "The val split is not visible here" in (repo / "run.log").read_text()
 

@@ -152,7 +152,7 @@ class UniformModel(torch.nn.Module):
 
 def test_uniform_model_bpb_matches_hand_computation(use_cache):
     tok = prepare.Tokenizer.from_directory()
-    rows = prepare.validation_rows()
+    rows = prepare.evaluation_rows("val")
     targets = rows[:, 1:].reshape(-1)
     nbytes = tok.token_byte_lengths[targets]
     expected = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
@@ -170,14 +170,14 @@ def test_a_tags_secret_draw_scores_its_own_rows_from_the_whole_pool(use_cache):
     val and test disjoint, another secret another draw, a tag without one the splits' first rows."""
     pool = np.concatenate([prepare._rows(s, None, 33) for s in ("val", "test")])
     val, test = prepare.evaluation_rows("val", draw=7), prepare.evaluation_rows("test", draw=7)
-    assert val.shape == test.shape == prepare.validation_rows().shape and len(pool) > 4 * len(val)
+    assert val.shape == test.shape == prepare.evaluation_rows("val").shape and len(pool) > 4 * len(val)
     assert np.array_equal(val, prepare.evaluation_rows("val", draw=7))
     index = {row.tobytes(): i for i, row in enumerate(pool)}
     val_at, test_at = {index[r.tobytes()] for r in val}, {index[r.tobytes()] for r in test}
     assert len(val_at) == len(val) and not val_at & test_at  # rows of the pool, none scored twice
     assert val_at != {index[r.tobytes()] for r in prepare.evaluation_rows("val", draw=8)}
     assert max(val_at | test_at) >= len(prepare._rows("val", None, 33))  # drawn from test's file too
-    assert np.array_equal(prepare.evaluation_rows("val", draw=None), prepare.validation_rows())
+    assert np.array_equal(prepare.evaluation_rows("val", draw=None), prepare.evaluation_rows("val"))
 
 
 def test_what_train_py_carries_is_counted_against_its_base():
@@ -218,7 +218,7 @@ def test_a_large_honest_train_py_carries_nothing_it_did_not_change():
 def test_wrong_logits_shape_is_a_clear_error(use_cache):
     tok = prepare.Tokenizer.from_directory()
     with pytest.raises(prepare.PrepareError, match="logits of shape"):
-        prepare.rows_bpb(lambda x: torch.zeros(x.shape[0], 3), prepare.validation_rows(), tok.get_token_bytes(), 4)
+        prepare.rows_bpb(lambda x: torch.zeros(x.shape[0], 3), prepare.evaluation_rows("val"), tok.get_token_bytes(), 4)
 
 # --- fingerprint and refusals -------------------------------------------------------
 

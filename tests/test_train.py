@@ -64,7 +64,7 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     # the model learned: better than uniform guessing over the vocabulary
     monkeypatch.setenv("AUTORESEARCH_CACHE", str(small_cache))
     tok = prepare.Tokenizer.from_directory()
-    targets = prepare.validation_rows()[:, 1:].reshape(-1)
+    targets = prepare.evaluation_rows("val")[:, 1:].reshape(-1)
     nbytes = tok.token_byte_lengths[targets]
     uniform = math.log2(tok.get_vocab_size()) * int((nbytes > 0).sum()) / int(nbytes.sum())
     assert result["val_bpb"] < 0.8 * uniform
