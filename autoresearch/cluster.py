@@ -96,11 +96,11 @@ def main(repo: Path, args, log=print) -> int:
     fixed.check_contract()
     hw = machine.hardware()
     existing = tags.existing(repo, args.tag)
-    workers, threads = plan(args, hw, tags.threads_per_run(existing) if existing else None)
-    if existing and tags.threads_per_run(existing) != threads:
-        raise errors.HarnessError(f"tag {existing.tag} runs every experiment with {tags.threads_per_run(existing)} "
+    workers, threads = plan(args, hw, existing.threads_per_run() if existing else None)
+    if existing and existing.threads_per_run() != threads:
+        raise errors.HarnessError(f"tag {existing.tag} runs every experiment with {existing.threads_per_run()} "
                                f"thread(s), and rows with other resources are never compared: use --threads "
-                               f"{tags.threads_per_run(existing)}, or a new tag (--tag NEWTAG).")
+                               f"{existing.threads_per_run()}, or a new tag (--tag NEWTAG).")
     address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
     ray, workers, gpu = start_ray(address, workers, threads, hw, log)
     try:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import cgroups, fixed, guard, machine, processes, sandbox, scratch, tags
+from autoresearch import cgroups, fixed, guard, machine, processes, sandbox, scratch
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
@@ -74,7 +74,7 @@ def key(config_id: str, config: Tag) -> str:
     # step 60 s of a 30 s budget, 2026-12-02)
     machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch"),
                                             config.peak_flops, sys.prefix], sort_keys=True).encode()).hexdigest()
-    return f"{config_id}-{hw.get('device')}-t{tags.threads_per_run(config)}-{machine_id[:8]}"
+    return f"{config_id}-{hw.get('device')}-t{config.threads_per_run()}-{machine_id[:8]}"
 
 
 def base_dir(cache: Path, name: str) -> Path:
@@ -164,7 +164,7 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
     the harness may mount: a phase cannot fill the disk), in a cgroup of its own (memory, processes, all killed
     after it) with every file capped; what it leaves becomes the base on disk only as check() accepts it, copied
     by the harness; anything else and the base is empty (its runs compile cold)."""
-    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), tags.threads_per_run(config)
+    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), config.threads_per_run()
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     phase_base = work / "base"
     try:

@@ -46,12 +46,12 @@ class Stop(Exception):
 class Driver:
     def __init__(self, repo: Path, config: Tag, args, ray, gpu: bool, log=print):
         self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
-        self.rule = args.decision or config.decision or "stat"
+        self.rule = config.rule(args.decision)
         pins = tags.pin_problems(config, "bwrap" if config.protection == "bwrap" else "none", self.rule, None)
         if pins:
             raise errors.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
         self.results = state.results(repo)
-        self.threads = tags.threads_per_run(config)
+        self.threads = config.threads_per_run()
         self.actor_class = ray.remote(Worker).options(
             num_cpus=self.threads, num_gpus=1 if gpu else 0, max_restarts=0, scheduling_strategy="SPREAD")
         self.workers: dict[str, tuple] = {}   # name -> (actor, join info)
@@ -75,7 +75,7 @@ class Driver:
             name = f"w{self.spawned}"
             # the tag's secret draw travels with the workers' copy of the tag, never into the repository (heldout.py)
             actor = self.actor_class.remote(str(self.repo), replace(self.config, draw=heldout.draw(self.config)), name,
-                                            self.args.sandbox or tags.sandbox_mode_of(self.config))
+                                            self.args.sandbox or self.config.sandbox_mode())
             self.joining[actor.join.remote()] = (name, actor, time.time())
 
     def joined(self, ref) -> None:

@@ -182,7 +182,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         if cgroup is not None:
             stack.callback(cgroup.close)
         launch = supervise.Launch(
-            ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=tags.threads_per_run(config),
+            ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=config.threads_per_run(),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
             spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
@@ -289,7 +289,7 @@ def outside_seconds(config: Tag, training: supervise.Training) -> float:
     """Seconds the training ran beyond its budget until its process ended, on the tag's clock (cpu: CPU seconds
     per thread)."""
     if config.clock == "cpu":
-        took = (training.cpu_at_done or 0.0) / tags.threads_per_run(config)
+        took = (training.cpu_at_done or 0.0) / config.threads_per_run()
     else:
         took = training.done_after if training.done_after is not None else training.wall
     return round(took - config.budget_s, 3)

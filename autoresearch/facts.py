@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig, tags
+from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig
 
 
 class BadQuery(ValueError):
@@ -107,7 +107,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) ->
         "budget_s": config.budget_s if config else (rows[0].budget_s if rows else None),
         "clock": config.clock if config else (rows[0].clock if rows else None),
         "hardware": machine.describe(config.hardware) if config and config.hardware else None,
-        "threads": tags.threads_per_run(config) if config else None,
+        "threads": config.threads_per_run() if config else None,
         "champion": champion,
         "flagged": [{"run_id": r.run_id, "commit": r.commit, "status": r.status, "flags": r.flags}
                     for r in rows if r.flags],

@@ -84,13 +84,13 @@ def main(repo: Path, args, log=print) -> int:
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = tags.ensure(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
     try:
-        protection = sandbox.protection(args.sandbox or tags.sandbox_mode_of(config))  # --sandbox on without bubblewrap: an error before any run
+        protection = sandbox.protection(args.sandbox or config.sandbox_mode())  # --sandbox on without bubblewrap: an error before any run
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
     if config.protection == "bwrap" and protection != "bwrap":  # never a night with less than the tag's protection
         raise HarnessError(f"tag {config.tag} runs every training and its agent under bubblewrap: "
                            + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
-    rule = args.decision or config.decision or "stat"
+    rule = config.rule(args.decision)
     recovery.recover(repo, log)
     agent = agents.proposer_for(args.agent, repo, config.tag, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None

@@ -54,10 +54,10 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     fixed.check_contract()
     recovery.recover(repo, log)
     try:
-        protection = sandbox.protection(options.sandbox_mode or tags.sandbox_mode_of(config))
+        protection = sandbox.protection(options.sandbox_mode or config.sandbox_mode())
     except sandbox.SandboxError as e:
         raise HarnessError(str(e)) from None
-    rule = options.rule or config.decision or "stat"
+    rule = config.rule(options.rule)
     results = state.results(repo)
     rows = ledger.read(results, config.tag)
     step = schedule.next_run(rows, [], rule, True, "")
@@ -73,7 +73,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
     seed = plan.seed
     ran = record.Ran(git.head(repo), description, run_id, seed, protection,
-                     where=dict(host=socket.gethostname(), device=tags.device_label(config)))
+                     where=dict(host=socket.gethostname(), device=config.device_label()))
 
     def refuse(reason: str) -> NoReturn:
         ledger.append(results, ran.row(config, "refused", descriptions.noted(description, descriptions.REFUSED,

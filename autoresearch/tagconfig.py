@@ -14,6 +14,7 @@ from autoresearch.errors import HarnessError
 MAX_TRAIN_BYTES = 100_000  # a train.py larger than this is refused (the tag records its own): the default is
 #                            ~25 KB, and a file of many times that is data (embedded text to train on), not code
 OLD_ALLOWANCE = 30.0       # a tag from before allowances were recorded had a fixed 30 s on the cpu profile
+DEFAULT_RULE = "stat"      # the decision rule of a tag that names none (decide.RULES)
 REQUIRED = ("tag", "branch", "fingerprint", "budget_s", "base_commit")
 
 
@@ -53,6 +54,27 @@ class Tag:
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k != "draw"}
+
+    def rule(self, asked: str | None = None) -> str:
+        """The decision rule a run of this tag is judged by: the one asked for, else the tag's (pin_problems
+        refuses another), else the default for tags from before pins."""
+        return asked or self.decision or DEFAULT_RULE
+
+    def sandbox_mode(self) -> str:
+        """The --sandbox a run of this tag gets when it names none: the tag's (auto for tags from before pins)."""
+        return {"bwrap": "auto", "none": "off"}.get(self.protection, "auto")
+
+    def threads_per_run(self) -> int:
+        """Threads every run of the tag trains with: set at setup (parallel workers: each its share of the cores),
+        else the cores of the machine the tag was set up on."""
+        from autoresearch import machine
+        return int(self.threads or (self.hardware or {}).get("cores") or machine.hardware()["cores"])
+
+    def device_label(self, hw: dict | None = None) -> str:
+        """What a row ran on, for its `device` column: the accelerator's name, or the CPU and its thread count."""
+        from autoresearch import machine
+        hw = hw or self.hardware or machine.hardware()
+        return f"{hw['device']} {hw['name']}" if hw["device"] == "cuda" else f"{hw['device']} x{self.threads_per_run()}"
 
 
 def read(path: Path) -> Tag:

@@ -27,10 +27,8 @@ from autoresearch.tagconfig import Tag
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
 # Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
 # the check), recorded in the tag at setup. Fixed, not a share of the budget: what happens outside the budget does
-# not grow with it, and a training can spend the unused part of the allowance training (it owns its clock): given
-# the old 10 s + 10% (40 s at 300 s), a red-team train.py that slowed its own clock trained 38 s of a 10 s budget
-# and was kept (at 300 s, about 0.011 bpb a run). The default model needs 5-7 s on 2 CPU cores (BENCHMARKS.md), so 15 s leaves a stall 8 s and an
-# attacker at most 8 s of 300 (about 0.003 bpb, a fifth of one run's noise); a GPU adds CUDA and kernel start-up.
+# not grow with it, and a training that owns its clock could spend an unused share training (docs/integrity.md).
+# The default model needs a few seconds of it on 2 CPU cores; a GPU adds CUDA and kernel start-up (BENCHMARKS.md).
 ALLOWANCE_FIXED = {"cpu": 15.0, "gpu": 30.0}
 
 
@@ -85,7 +83,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
                  accounting=cgroups.available(), scratch="tmpfs" if scratch.can_mount() else "disk",
                  out_limit_bytes=scratch.out_limit(),
                  threads=threads)  # parallel workers: each run gets this many threads (threads_per_run)
-    config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), threads_per_run(config),
+    config = replace(config, peak_flops=machine_peaks(fixed.clean_sources(repo, config), config.threads_per_run(),
                                                       config.hardware))
     confine.record_cache(prepare.cache_dir())  # a cache prepared before caches were recorded: its secrets beside it
     git.git(repo, "checkout", "-q", "-b", name)
@@ -157,11 +155,6 @@ def measure_peaks(sources: dict[str, bytes], threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def sandbox_mode_of(config: Tag) -> str:
-    """The --sandbox a run of this tag gets when it names none: the tag's (auto for tags from before pins)."""
-    return {"bwrap": "auto", "none": "off"}.get(config.protection, "auto")
-
-
 def pin_problems(config: Tag, protection: str, rule: str, timeout: float | None) -> list[str]:
     """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
     problems = []
@@ -217,18 +210,6 @@ def outside_allowance(profile: str) -> float:
     return ALLOWANCE_FIXED[profile]
 
 
-def threads_per_run(config: Tag) -> int:
-    """Threads every run of the tag trains with: set at setup (parallel workers: each its share of the cores),
-    else the cores of the machine the tag was set up on."""
-    return int(config.threads or (config.hardware or {}).get("cores") or machine.hardware()["cores"])
-
-
-def device_label(config: Tag, hw: dict | None = None) -> str:
-    """What a row ran on, for its `device` column: the accelerator's name, or the CPU and its thread count."""
-    hw = hw or config.hardware or machine.hardware()
-    return f"{hw['device']} {hw['name']}" if hw["device"] == "cuda" else f"{hw['device']} x{threads_per_run(config)}"
-
-
 def config_of(repo: Path, commit: str) -> str:
     """A configuration's name: the git blob of its train.py, 12 hex digits."""
     return git.git(repo, "rev-parse", f"{commit}:{state.EDITABLE}")[:12]
@@ -273,8 +254,8 @@ def preflight(repo: Path, config: Tag, worker: bool = False) -> str | None:
     here = machine.hardware()
     recorded = config.hardware or here
     changed_hw = machine.differences(recorded, here, ignore=("cores",) if worker else ())
-    if worker and here["cores"] < threads_per_run(config):
-        changed_hw.append(f"{here['cores']} cores for {threads_per_run(config)} threads per run")
+    if worker and here["cores"] < config.threads_per_run():
+        changed_hw.append(f"{here['cores']} cores for {config.threads_per_run()} threads per run")
     if changed_hw:
         return (f"this tag was set up on {machine.describe(recorded)}, and this machine is "
                 f"{machine.describe(here)} ({'; '.join(changed_hw)}): its results would not be comparable. Start a "

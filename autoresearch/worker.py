@@ -82,7 +82,7 @@ class Worker:
     def __init__(self, repo_path: str, config: Tag, name: str, sandbox_mode: str = "auto"):
         self.config, self.name = config, name
         self.host = host_name()
-        self.threads = tags.threads_per_run(config)
+        self.threads = config.threads_per_run()
         self.error = None
         _exit_with_parent()
         processes.not_dumpable()  # its trainings may run as this user
@@ -126,7 +126,7 @@ class Worker:
         if config.protection == "bwrap" and self.protection != "bwrap":
             raise WorkerRefused(f"{self.name} on {self.host} refuses to join: the tag runs every training in the "
                                 "bubblewrap sandbox, and it does not work here (install bubblewrap)")
-        self.device = tags.device_label(config, machine.hardware())
+        self.device = config.device_label(machine.hardware())
 
     def _recover(self) -> None:
         """A worker of this name that died mid-run left its pending record: end whatever it started."""

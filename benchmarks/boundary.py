@@ -48,7 +48,7 @@ def main() -> int:
 
         from autoresearch import tags
         tag = Tag("bench", "autoresearch/bench", "f", 300, "c", hardware=machine.hardware())
-        tag = replace(tag, peak_flops=tags.machine_peaks(half.sources, tags.threads_per_run(tag), tag.hardware))
+        tag = replace(tag, peak_flops=tags.machine_peaks(half.sources, tag.threads_per_run(), tag.hardware))
         protection = "bwrap" if sandbox.bwrap_works() else "none"
         t0 = time.perf_counter()
         base = compiled.ensure_base(half, tag, compiled.Wanted("benchmark000", untrusted.source(ROOT)), protection,
