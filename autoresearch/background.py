@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import fixed, git, processes, sandbox, state, supervise, tags
+from autoresearch import fixed, git, processes, record, sandbox, state, supervise, tags
 from autoresearch.errors import HarnessError
 
 
@@ -131,7 +131,7 @@ def run(repo: Path, seed: int, timeout: float | None, log=print) -> bool:
                               wrap=lambda argv: sandbox.wrap(argv, repo, run_dir, cache, manifest))
     log(f"training {state.EDITABLE} in the sandbox for {budget:g} s (seed {seed}, killed after {limit:.0f} s); "
         f"nothing is committed or recorded; log: {run_dir / state.RUN_LOG}", flush=True)
-    training = supervise.run_training(launch, {"processes": []}, run_dir / "pending.json",
+    training = supervise.run_training(launch, record.Pending(run_dir / "pending.json"),
                                       on_progress=lambda elapsed, line: log(line, flush=True))
     tail = state.tail(run_dir / state.RUN_LOG, 20)
     result, problem = (None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir)

@@ -36,9 +36,9 @@ def status(repo: Path) -> str:
     pending = recovery.read_pending(repo)
     if pending is not None:
         if state.is_held(state.state_dir(repo)):
-            lines.append(f"in flight: {pending['description']} (run {pending['run_id']}, started {pending['started']})")
+            lines.append(f"in flight: {pending.trial.description} (run {pending.trial.run_id}, started {pending.trial.started})")
         else:
-            lines.append(f"interrupted: {pending['description']} (run {pending['run_id']}); its harness died, and the "
+            lines.append(f"interrupted: {pending.trial.description} (run {pending.trial.run_id}); its harness died, and the "
                          "next `autoresearch run` or `loop` records it and puts the branch back")
     alive = state.is_held(state.state_dir(repo))
     waiting = state.waiting_file(repo)

@@ -30,8 +30,8 @@ from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
                           run, schedule, state, study, supervise, tags)
-from autoresearch.worker import Job, keep_on_branch
-from autoresearch.worker import Worker
+from autoresearch.record import Trial
+from autoresearch.worker import Worker, keep_on_branch
 from autoresearch.tagconfig import Tag
 
 JOIN_TIMEOUT = 300      # seconds for the first worker to start and check its machine
@@ -57,7 +57,7 @@ class Driver:
         self.workers: dict[str, tuple] = {}   # name -> (actor, join info)
         self.free: list[str] = []
         self.joining: dict = {}                # join ref -> (name, actor, since)
-        self.running: dict = {}                # run ref -> Job
+        self.running: dict = {}                # run ref -> Trial
         self.proposing: dict = {}              # future -> worker name
         self.spawned = 0                       # workers started, replacements included (their names)
         self.started = 0                       # experiments begun by this loop (the baseline counts once)
@@ -108,7 +108,7 @@ class Driver:
                 and not self.stopping)
 
     def next_job(self, rows: list[ledger.Row], name: str):
-        """A Job for worker `name`, "propose" when a new candidate is due, or None when nothing is (schedule.py)."""
+        """A Trial for worker `name`, "propose" when a new candidate is due, or None when nothing is (schedule.py)."""
         head = git.head(self.repo)
         running = [schedule.in_flight(job.config, job.description) for job in self.running.values()]
         step = schedule.next_run(rows, running, self.rule, self.may_begin(), tags.config_of(self.repo, head))
@@ -125,18 +125,18 @@ class Driver:
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
         return self.job(rows, commit, parent, step, name)
 
-    def job(self, rows, commit: str, parent: str, step: schedule.Next, name: str) -> Job:
-        """The Job of `commit` (train.py as committed there) for worker `name`: the run the schedule asked for
+    def job(self, rows, commit: str, parent: str, step: schedule.Next, name: str) -> Trial:
+        """The Trial of `commit` (train.py as committed there) for worker `name`: the run the schedule asked for
         (step: its description, its place in the series, a control's seed), or a new proposal's first run."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
         config_id = tags.config_of(self.repo, commit)
         info = self.workers[name][1]
         plan = study.Study(self.repo, self.config, self.rule, rows).plan(
             step, config_id, [(job.config, job.seed) for job in self.running.values()])
-        return Job(state.new_run_id(), self.config.tag, commit, parent, config_id, step.description, plan.seed,
-                   plan.repeat, plan.run_no, plan.test_threshold, name, info["host"], info["device"],
-                   info["protection"], state.now(), source, tags.config_of(self.repo, self.config.base_commit),
-                   asdict(plan.pruning) if plan.pruning is not None else None)
+        return Trial(state.new_run_id(), self.config.tag, parent, step.description, plan.seed, plan.repeat,
+                     plan.run_no, plan.test_threshold, info["protection"], commit, config_id, name, info["host"],
+                     info["device"], state.now(), tags.config_of(self.repo, self.config.base_commit), source,
+                     asdict(plan.pruning) if plan.pruning is not None else None)
 
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""
@@ -188,9 +188,8 @@ class Driver:
             return
         self.dispatch(self.job(rows, commit, parent, schedule.Next("propose", description), name))
 
-    def dispatch(self, job: Job) -> None:
-        state.atomic_json(state.inflight_file(self.repo, job.run_id),
-                          {k: v for k, v in asdict(job).items() if k not in ("source", "pruning")})
+    def dispatch(self, job: Trial) -> None:
+        state.atomic_json(state.inflight_file(self.repo, job.run_id), job.to_json())
         actor = self.workers[job.worker][0]
         self.running[actor.run.remote(asdict(job))] = job
         self.log(f"   {job.worker}: {job.description}")
@@ -202,22 +201,21 @@ class Driver:
         try:
             res = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as e:  # the worker is alive; its harness code failed
-            row = record.interrupted_row(self.config, asdict(job), f"{job.worker} failed: {short_error(e)}")
+            row = job.interrupted(self.config, f"{job.worker} failed: {short_error(e)}")
             row.decision = ""  # not an interruption: its series closes, and a baseline counts it as a crash
             self.recorded(job, row)
             self.free.append(job.worker)
             return
         except self.ray.exceptions.RayError as e:  # the worker died: killed, out of memory, its node left
-            self.recorded(job, record.interrupted_row(self.config, asdict(job), f"worker {job.worker} on {job.host} "
-                                                      f"died: {short_error(e)}"))
+            self.recorded(job, job.interrupted(self.config, f"worker {job.worker} on {job.host} died: "
+                                               f"{short_error(e)}"))
             if job.worker in self.workers:
                 self.lost(job.worker)
             return
         rows = ledger.read(self.results, self.config.tag)
         ex = execute.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
                                supervise.Training(**res["training"]))
-        ran = record.Ran(job.commit, job.description, job.run_id, job.seed, res["protection"], job.config, job.repeat,
-                         {k: res[k] for k in ("worker", "host", "device")})
+        ran = replace(job, protection=res["protection"], **{k: res[k] for k in ("worker", "host", "device")})
         row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
         run_dir = state.run_dir(self.repo, job.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +233,7 @@ class Driver:
         self.proposers.observe(job.worker, run.Outcome(row, None, state.tail(run_dir / state.RUN_LOG), run_dir,
                                                        ex.result, ex.evaluation))
 
-    def recorded(self, job: Job, row: ledger.Row, run_dir: Path | None = None) -> None:
+    def recorded(self, job: Trial, row: ledger.Row, run_dir: Path | None = None) -> None:
         """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""
         record.record(self.repo, row, run_dir)
         state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)
@@ -306,7 +304,7 @@ class Driver:
         """Record every run in flight as interrupted and stop every worker and agent."""
         self.proposers.stop()
         for job in self.running.values():
-            record.record(self.repo, record.interrupted_row(self.config, asdict(job), reason))
+            record.record(self.repo, job.interrupted(self.config, reason))
             state.inflight_file(self.repo, job.run_id).unlink(missing_ok=True)
         self.running.clear()
 

@@ -47,14 +47,11 @@ class Context:
 
 @dataclass
 class Attempt:
-    """One run to execute, and the record a dead harness is recovered from (pending.json, at pending_path)."""
+    """One run to execute: its Trial (seed, place in its series, test threshold), in the record a dead harness is
+    recovered from (pending: record.Pending, pending.json or a worker's), and how it is executed."""
     run_dir: Path
-    seed: int
-    pending: dict
-    pending_path: Path
-    run_no: int = 1                          # the n-th run of its series (for fault points)
+    pending: object                          # record.Pending: .trial, .processes, .write(), .path
     timeout: float | None = None             # shorter than the tag's, never longer
-    test_threshold: float | None = None      # val_bpb below which the test split is scored too
     compile_base: Path | None = None         # the compile cache it gets a private copy of (compiled.py)
     on_progress: Callable | None = None      # on_progress(elapsed, step_line)
     prune: Callable | None = None            # supervise.run_training's prune (prune.py)
@@ -153,7 +150,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         bounded = scratch.bounded_dir(out, config.out_limit_bytes)
     except OSError as e:
         raise HarnessError(f"out/ could not be made a tmpfs of {config.out_limit_bytes:,} bytes ({e})") from None
-    problem = checked_source(ctx.repo, config, run_dir, attempt.pending.get("commit"))
+    problem = checked_source(ctx.repo, config, run_dir, attempt.pending.trial.commit or None)
     if problem:
         return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
     half = ctx.fixed_half
@@ -169,7 +166,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         base_before = compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
     timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(budget, clock),
                   config.timeout_s or float("inf"))
-    watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending_path])
+    watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending.path])
     # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
     # there, and only there); closed unused if the run fails.
     cgroup, how = (None, "") if config.accounting == "none" else cgroups.make(run_dir.name)
@@ -182,12 +179,12 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         if cgroup is not None:
             stack.callback(cgroup.close)
         launch = supervise.Launch(
-            ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=config.threads_per_run(),
+            ctx.repo, run_dir, attempt.pending.trial.seed, timeout, view, clock=clock, threads=config.threads_per_run(),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
             spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
         try:
-            training = supervise.run_training(launch, attempt.pending, attempt.pending_path, attempt.on_progress,
+            training = supervise.run_training(launch, attempt.pending, attempt.on_progress,
                                               attempt.prune)
         finally:
             scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
@@ -208,7 +205,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         if result is None and refused_result:  # why settle() did not keep it: a link, a FIFO, too large
             problem = f"result.json was not kept: {refused_result[0]}"
         facts = Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
-                      attempt.seed, budget, timeout, budget + outside_seconds(config, training),
+                      attempt.pending.trial.seed, budget, timeout, budget + outside_seconds(config, training),
                       config.allowance_s, clock, ctx.protection)
         for outcome, fails, reason in CHECKS:
             if fails(facts):
@@ -246,12 +243,12 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
     result, pending = facts.result, attempt.pending
 
     def evaluator_started(pid):  # recorded, so that recovery also ends an evaluator left by a killed harness
-        pending["processes"].append(processes.identity(pid) or [pid, 0.0])
-        state.atomic_json(attempt.pending_path, pending)
+        pending.processes.append(processes.identity(pid) or [pid, 0.0])
+        pending.write()
         state.fault_point("evaluating")
-        state.fault_point(f"evaluating-run-{attempt.run_no}")  # the n-th run of a series
+        state.fault_point(f"evaluating-run-{pending.trial.run_no}")  # the n-th run of a series
 
-    threshold = attempt.test_threshold
+    threshold = pending.trial.test_threshold
     request = Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
                                result["check_bpb"], threshold if threshold is not None else float("inf"),
                                draw=heldout.draw(ctx.config))

@@ -43,12 +43,13 @@ def in_flight(repo: Path) -> list[dict]:
     except errors.HarnessError:
         pending = None
     if pending is not None:
-        log = state.run_dir(repo, pending["run_id"]) / state.RUN_LOG
+        trial = pending.trial
+        log = state.run_dir(repo, trial.run_id) / state.RUN_LOG
         try:
             text = log.read_text(errors="replace")
         except OSError:
             text = ""
-        out.append(dict({k: pending.get(k) for k in ("run_id", "tag", "description", "started")}, worker="",
+        out.append(dict(run_id=trial.run_id, tag=trial.tag, description=trial.description, started=trial.started, worker="",
                         **parse_log(text)))
     for path in sorted(state.inflight_dir(repo).glob("*.json")):
         try:

@@ -8,36 +8,95 @@ on a keep).
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
 from autoresearch import control, decide, descriptions, execute, fixed, ledger, sandbox, state, supervise
+from autoresearch.errors import HarnessError
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
 
-@dataclass
-class Ran:
-    """What a row says of a run whatever came of it: its commit, description and id, the seed it ran with, what
-    protected it, its configuration (train.py's blob) and which repeat of it, and where it ran."""
-    commit: str
-    description: str
+@dataclass(frozen=True)
+class Trial:
+    """One run, from the moment it is planned to its row: what it runs (its commit and configuration, the seed,
+    which repeat, its place in its series), what was decided before it ran (the test threshold, the pruning
+    reference), what protects it and where it runs. Its JSON (to_json) is what pending.json and a parallel loop's
+    inflight/<run_id>.json hold, and what recovery reads back (from_json, the one place a record from an older
+    harness gets its defaults). The parallel driver sends it to a worker with train.py's text (source)."""
     run_id: str
+    tag: str
+    parent: str            # the commit it was made from (the branch's head, or a candidate's parent)
+    description: str
     seed: int = 0
+    repeat: int = 1        # which run of its configuration (1 for the first)
+    run_no: int = 1        # its place in its series
+    test_threshold: float | None = None  # val_bpb below which its test split is scored (and it is audited)
     protection: str = "none"
-    config: str = ""
-    repeat: int = 1
-    where: dict = field(default_factory=dict)  # worker, host, device
+    commit: str = ""       # its train.py's commit ("" until committed: its row then names the parent)
+    config: str = ""       # git blob of its train.py ("" until committed)
+    worker: str = ""
+    host: str = ""
+    device: str = ""
+    started: str = ""
+    compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a copy of
+                            # its base, never a champion's (compiled.Wanted)
+    source: str = ""       # train.py, for a worker; never written to disk with the record
+    pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
+                                 # study.Study.pruning); never written with the record
 
-    def row(self, tag_config: Tag, status: str, description: str | None = None, **fields) -> ledger.Row:
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in ("source", "pruning")}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Trial":
+        """A record as to_json wrote it, or an older harness's (no parent: its commit's)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and v is not None}
+        values.setdefault("parent", values.get("commit", ""))
+        return cls(**values)
+
+    def row(self, tag_config: Tag, status: str, description: str | None = None, **values) -> ledger.Row:
         """Its ledger row with `status` (and another description, a note added), the rest of the row's fields
         given by name (val_bpb, steps, wall, the decision's statistics, ...)."""
-        return make_row(tag_config, self.commit, self.description if description is None else description,
-                        self.run_id, status, **dict(self.where, seed=self.seed, protection=self.protection,
-                                                    config=self.config, repeat=self.repeat, **fields))
+        return make_row(tag_config, self.commit or self.parent, self.description if description is None
+                        else description, self.run_id, status, seed=self.seed, protection=self.protection,
+                        config=self.config, repeat=self.repeat, worker=self.worker, host=self.host,
+                        device=self.device, **values)
+
+    def interrupted(self, tag_config: Tag, reason: str) -> ledger.Row:
+        """The row of this run when its harness, driver or worker died before it was recorded."""
+        return self.row(tag_config, "crash", descriptions.noted(self.description, descriptions.INTERRUPTED, reason),
+                        decision="interrupted")
+
+
+class Pending:
+    """A Trial's record on disk while it runs (pending.json, or a worker's): the trial and every process of its
+    training (supervise.run_training adds them), which a later recovery kills and records (recovery.py)."""
+
+    def __init__(self, path: Path, trial: Trial | None = None):
+        self.path, self.trial, self.processes = path, trial, []
+
+    def write(self) -> None:
+        state.atomic_json(self.path, dict(self.trial.to_json() if self.trial else {}, processes=self.processes))
+
+    @classmethod
+    def read(cls, path: Path) -> "Pending | None":
+        """The record at `path`, None where there is none; an unreadable one is a clear error."""
+        try:
+            data = json.loads(path.read_text())
+            pending = cls(path, Trial.from_json(data))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise HarnessError(f"{path} is unreadable ({e}). It records the experiment that was in flight; look "
+                               "at it, then delete it to go on.") from None
+        pending.processes = data.get("processes") or []
+        return pending
 
 
 def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status: str, **fields) -> ledger.Row:
@@ -50,15 +109,6 @@ def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status
                       run_id=run_id, time=state.now(), budget_s=tag_config.budget_s,
                       wall_s=fields.pop("wall", 0.0), fingerprint=tag_config.fingerprint[:12],
                       clock=tag_config.clock, **fields)
-
-
-def interrupted_row(config: Tag, job: dict, reason: str) -> ledger.Row:
-    """The row of a run whose harness, driver or worker died before it was recorded."""
-    ran = Ran(job.get("commit") or job["parent"], job["description"], job["run_id"], job.get("seed", 0),
-              job.get("protection", "none"), job.get("config", ""), job.get("repeat", 1),
-              {k: job.get(k, "") for k in ("worker", "host", "device")})
-    return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.INTERRUPTED, reason),
-                   decision="interrupted")
 
 
 def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "") -> float | None:
@@ -123,7 +173,7 @@ def control_stats(rows: list[ledger.Row], config_id: str, seed: int) -> dict:
 
 
 def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
-               ran: Ran) -> ledger.Row:
+               ran: Trial) -> ledger.Row:
     """The ledger row of a finished execution, judged against the rows recorded before it."""
     common = dict(load=ex.training.load, wall=ex.training.wall,
                   outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)

@@ -15,18 +15,11 @@ import os
 from pathlib import Path
 
 from autoresearch import git, ledger, processes, record, sandbox, scratch, state, tagconfig, tags
-from autoresearch.errors import HarnessError
 
 
-def read_pending(repo: Path) -> dict | None:
-    path = state.pending_file(repo)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise HarnessError(f"{path} is unreadable ({e}). It records the experiment that was in flight; look at "
-                           "it, then delete it to go on.") from None
+def read_pending(repo: Path) -> record.Pending | None:
+    """`autoresearch run`'s record of the run in flight (pending.json), None when nothing is."""
+    return record.Pending.read(state.pending_file(repo))
 
 
 def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-run") -> list[ledger.Row]:
@@ -34,16 +27,16 @@ def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-r
     recorded = []
     for path in sorted(state.inflight_dir(repo).glob("*.json")):
         try:
-            job = json.loads(path.read_text())
-        except (OSError, ValueError):  # torn by a kill while written: it never reached a worker
-            path.unlink()
+            trial = record.Trial.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):  # torn by a kill while written: it never reached a
+            path.unlink()                                         # worker
             continue
-        config = tagconfig.read(state.tag_file(repo, job['tag']))
-        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config.tag)):
-            row = record.interrupted_row(config, job, reason)
+        config = tagconfig.read(state.tag_file(repo, trial.tag))
+        if not any(r.run_id == trial.run_id for r in ledger.read(state.results(repo), config.tag)):
+            row = trial.interrupted(config, reason)
             record.record(repo, row)
             recorded.append(row)
-            log(f"recovered an interrupted run ({job['run_id']} on {job.get('worker') or 'a worker'}): recorded as crash")
+            log(f"recovered an interrupted run ({trial.run_id} on {trial.worker or 'a worker'}): recorded as crash")
         path.unlink()
     return recorded
 
@@ -60,19 +53,20 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
         if inflight or parallel:
             branch_back(repo, parallel, inflight[-1].tag if inflight else None)
         return inflight[-1] if inflight else None
-    processes.kill_recorded(pending.get("processes") or [])
-    run_dir = state.run_dir(repo, pending["run_id"])
+    processes.kill_recorded(pending.processes)
+    trial = pending.trial
+    run_dir = state.run_dir(repo, trial.run_id)
     for bounded in (sandbox.OUT_DIR, sandbox.COMPILE_DIR):  # a tmpfs the dead harness mounted (scratch.py)
         if os.path.ismount(run_dir / bounded):
             scratch.release(run_dir / bounded)
-    config = tagconfig.read(state.tag_file(repo, pending['tag']))
+    config = tagconfig.read(state.tag_file(repo, trial.tag))
     rows = ledger.read(state.results(repo), config.tag)
     row = None
-    if not any(r.run_id == pending["run_id"] for r in rows):
-        row = record.interrupted_row(config, pending, reason)
+    if not any(r.run_id == trial.run_id for r in rows):
+        row = trial.interrupted(config, reason)
         record.record(repo, row)
-        log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
-    branch_back(repo, parallel, pending["tag"])
+        log(f"recovered an interrupted experiment ({trial.run_id}): recorded as crash")
+    branch_back(repo, parallel, trial.tag)
     (state.pending_file(repo)).unlink()
     return row
 

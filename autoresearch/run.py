@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -72,12 +72,13 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     planned = planned_config(repo)
     plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
     seed = plan.seed
-    ran = record.Ran(git.head(repo), description, run_id, seed, protection,
-                     where=dict(host=socket.gethostname(), device=config.device_label()))
+    trial = record.Trial(run_id, config.tag, git.head(repo), description, seed, run_no=plan.run_no,
+                         test_threshold=plan.test_threshold, protection=protection, host=socket.gethostname(),
+                         device=config.device_label(), started=state.now())
 
     def refuse(reason: str) -> NoReturn:
-        ledger.append(results, ran.row(config, "refused", descriptions.noted(description, descriptions.REFUSED,
-                                                                              reason)))
+        ledger.append(results, trial.row(config, "refused", descriptions.noted(description, descriptions.REFUSED,
+                                                                                reason)))
         raise Refused(f"Refused: {reason}")
 
     changed = git.changed_files(repo)
@@ -94,34 +95,28 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         wait_until_quiet(repo, log, options.give_up)
 
     # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
-    pending_path = state.pending_file(repo)
-    pending = {"run_id": run_id, "tag": config.tag, "commit": None, "parent": ran.commit,
-               "description": description, "seed": seed, "started": state.now(), "protection": protection,
-               "processes": []}
-    state.atomic_json(pending_path, pending)
+    pending = record.Pending(state.pending_file(repo), trial)
+    pending.write()
     state.fault_point("pending-written")
     run_dir.mkdir(parents=True)
-    ran.commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
+    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
     state.fault_point("committed")
-    ran.config = tags.config_of(repo, ran.commit)
-    ran.repeat = plan.repeat
-    pending.update(commit=ran.commit, config=ran.config, repeat=ran.repeat)
-    state.atomic_json(pending_path, pending)
+    trial = pending.trial = replace(trial, commit=commit, config=tags.config_of(repo, commit), repeat=plan.repeat)
+    pending.write()
 
     ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
-        run_dir, seed, pending, pending_path, run_no=plan.run_no, timeout=options.timeout,
-        test_threshold=plan.test_threshold, compile_base=base, on_progress=options.on_progress,
+        run_dir, pending, timeout=options.timeout, compile_base=base, on_progress=options.on_progress,
         prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
-    row = record.result_row(config, ex, rows, rule, series, ran)
+    row = record.result_row(config, ex, rows, rule, series, trial)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
         git.reset_to(repo, tags.last_kept_commit(repo, config, rows), EDITABLE)
         state.fault_point("reset")
     if row.status != "keep":
         record.drop_model(run_dir)
-    pending_path.unlink()
+    pending.path.unlink()
     return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)

@@ -144,7 +144,7 @@ class Launch:
         return env
 
 
-def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=None, prune=None) -> Training:
+def run_training(launch: Launch, pending, on_progress=None, prune=None) -> Training:
     """Run train.py in its own process group (inside launch.wrap, the sandbox, if given), its output to
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those. Every descendant of this process but the
@@ -166,8 +166,8 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
                             preexec_fn=scratch.limit_files(launch.file_limit) if launch.file_limit else None)
     log.start(proc.stdout)
     known = [processes.identity(proc.pid) or [proc.pid, 0.0]]
-    pending["processes"] = known
-    state.atomic_json(pending_path, pending)
+    pending.processes = known
+    pending.write()
     start = time.monotonic()  # not the wall clock: a root training without a sandbox can set that back
     meter = machine.Meter()
     children_before = children_cpu()
@@ -188,7 +188,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
             tree = [i for i in processes.descendants(spare) if i not in known]
             if tree:
                 known += tree
-                state.atomic_json(pending_path, pending)
+                pending.write()
             if on_progress or prune:
                 seen = progress(run_dir / state.RUN_LOG)
                 if on_progress:
@@ -206,7 +206,7 @@ def run_training(launch: Launch, pending: dict, pending_path: Path, on_progress=
         if cgroup is not None:  # the kernel's count: every process of the tree, reaped by anyone or not
             cpu_at_done = cgroup.cpu_seconds()
         known += [i for i in processes.descendants(spare) if i not in known]
-        processes.kill_recorded(known)  # pending["processes"] is `known`: leftovers, grandchildren, setsid escapees
+        processes.kill_recorded(known)  # pending.processes is `known`: leftovers, grandchildren, setsid escapees
         if cgroup is not None:
             cgroup.kill()  # and whatever is in its cgroup, seen or not
         proc.wait()

@@ -21,7 +21,7 @@ import shutil
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, recovery,
@@ -136,7 +136,7 @@ class Worker:
         except errors.HarnessError:
             pending = None
         if pending is not None:
-            processes.kill_recorded(pending.get("processes") or [])
+            processes.kill_recorded(pending.processes)
         path.unlink(missing_ok=True)
 
     def join(self) -> dict:
@@ -147,44 +147,44 @@ class Worker:
                 "copy": str(self.copy), "pid": os.getpid()}
 
     def run(self, job: dict) -> dict:
-        """One run of job["source"] as train.py (see jobs.Job); the execution, for the driver to record."""
+        """One run of a Trial (record.Trial, as a dict: Ray's) with its train.py (source); the execution, for the
+        driver to record."""
         if self.error:
             raise WorkerRefused(self.error)
-        (self.copy / state.EDITABLE).write_text(job["source"])
+        trial = record.Trial.from_json(job)
+        (self.copy / state.EDITABLE).write_text(trial.source)
         where = {"worker": self.name, "host": self.host, "device": self.device, "protection": self.protection}
         problem = tags.preflight(self.copy, self.config, worker=True)
         if problem:  # this machine changed since it joined (its data, say): every later run would be refused too
             return dict(where, status="refused", reason=problem, result=None, evaluation={},
                         training=asdict(supervise.Training(None, False, None, 0.0)), log="", retire=True)
-        run_dir = state.run_dir(self.copy, job["run_id"])
+        run_dir = state.run_dir(self.copy, trial.run_id)
         run_dir.mkdir(parents=True)
-        pending_path = state.pending_file(self.copy)
-        pending = {"run_id": job["run_id"], "tag": self.config.tag, "processes": []}
-        state.atomic_json(pending_path, pending)
+        pending = record.Pending(state.pending_file(self.copy), trial)
+        pending.write()
         base = None
-        if self.config.compile_cache != "off" and job.get("source"):
-            try:  # the run's own configuration's base, new ones from a copy of the champion's
-                wanted = compiled.Wanted(job["config"], job["source"], job.get("compile_from", ""))
+        if self.config.compile_cache != "off" and trial.source:
+            try:  # the run's own configuration's base, new ones from a copy of the tag's base's
+                wanted = compiled.Wanted(trial.config, trial.source, trial.compile_from)
                 base = compiled.watched(self.copy, self.protection, lambda: compiled.ensure_base(
                     self.fixed, self.config, wanted, self.protection, log=lambda *a: None))
             except compiled.Tampered as e:
-                pending_path.unlink(missing_ok=True)
+                pending.path.unlink(missing_ok=True)
                 return dict(where, status="refused", reason=str(e), result=None, evaluation={},
                             training=asdict(supervise.Training(None, False, None, 0.0)), log="",
                             run_dir=str(run_dir), started=time.time())
         started = time.time()
         ex = execute.execute(execute.Context(self.copy, self.config, self.protection, self.fixed), execute.Attempt(
-            run_dir, job["seed"], pending, pending_path, run_no=job.get("run_no", 1),
-            test_threshold=job.get("test_threshold"), compile_base=base,
-            prune=prune.Reference(**job["pruning"]).check if job.get("pruning") else None))
-        threshold = job.get("test_threshold")
+            run_dir, pending, compile_base=base,
+            prune=prune.Reference(**trial.pruning).check if trial.pruning else None))
+        threshold = trial.test_threshold
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir
         log_path = run_dir / state.RUN_LOG
         if base is not None:
             supervise.append_line(log_path, compiled.note(base))
         log_text = log_path.read_text(errors="replace") if log_path.exists() else ""
-        pending_path.unlink(missing_ok=True)
+        pending.path.unlink(missing_ok=True)
         return dict(where, status=ex.status, reason=ex.reason, result=ex.result, evaluation=ex.evaluation,
                     training=asdict(ex.training), log=log_text, run_dir=str(run_dir), started=started)
 
@@ -192,36 +192,9 @@ class Worker:
         return os.getpid()
 
 
-# --- what the driver sends a worker -------------------------------------------------------------------------------
-# What the parallel driver (driver.py) sends a worker (worker.py): one run as a Job, and where a kept one lands
-# on the tag's branch.
+# --- where a kept run lands ---------------------------------------------------------------------------------------
 
-@dataclass
-class Job:
-    """One run dispatched to a worker; its JSON in inflight/ is what recovery records if it never returns."""
-    run_id: str
-    tag: str
-    commit: str        # the commit recorded for it (a candidate's commit object, or the champion's)
-    parent: str
-    config: str        # git blob of its train.py
-    description: str
-    seed: int
-    repeat: int
-    run_no: int        # its place in its series (1 for a candidate's first run)
-    test_threshold: float | None
-    worker: str
-    host: str
-    device: str
-    protection: str
-    started: str
-    source: str = ""   # train.py; not written to inflight/
-    compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a
-                            # copy of its base, never a champion's (compiled.Wanted)
-    pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
-                                 # study.Study.pruning); not written to inflight/
-
-
-def keep_on_branch(repo: Path, job: Job) -> str:
+def keep_on_branch(repo: Path, job: record.Trial) -> str:
     """Move the branch to a kept candidate: its own commit when the branch is still on its parent, else a new
     commit of its train.py on top of the branch (a candidate kept after another one was), the candidate's own
     commit its second parent (what it was made from: git.parent_blobs). The commit."""

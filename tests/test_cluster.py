@@ -17,8 +17,8 @@ from conftest import ROOT, cli, sh
 from test_loop import AGENT
 
 from autoresearch import decide, git, ledger, tags
-from autoresearch.worker import Job, keep_on_branch
-from autoresearch.worker import Worker, WorkerRefused
+from autoresearch.record import Trial
+from autoresearch.worker import Worker, WorkerRefused, keep_on_branch
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # every test here trains through the real harness, on Ray's cores
@@ -212,7 +212,7 @@ def test_a_keep_moves_the_branch_forward_even_after_another_keep(repo, env, monk
     assert git.head(repo) == base and not git.changed_files(repo)  # candidates never touch the branch
 
     def job(commit, src, text):
-        return Job("r", "k", commit, base, "", text, 1, 1, 1, None, "w1", "h", "cpu x1", "none", "", src)
+        return Trial("r", "k", base, text, commit=commit, source=src)
 
     assert keep_on_branch(repo, job(a, a_src, "a")) == a  # the branch was on its parent: fast-forward
     on_top = keep_on_branch(repo, job(b, b_src, "b"))   # kept after a: a new commit on top of a

@@ -247,7 +247,7 @@ def test_a_control_refused_after_it_trained_ends_its_candidates_series():
     from autoresearch import decide
     opened = SEEDED_BASE + [row("confirm", "cand", "try cand", "P 0.7 after one run", 0.98, seed=42)]
     step = schedule.next_run(opened, [], "control", False, "base")
-    ran = record.Ran(step.commit, step.description, "r1", seed=step.seed, config="base")
+    ran = record.Trial("r1", "t", step.commit, step.description, step.seed, config="base")
     ex = SimpleNamespace(status="refused", reason="files other than train.py changed (notes.txt)",
                          training=SimpleNamespace(wall=10.0, load=0.0, done_after=None))
     tag = SimpleNamespace(tag="t", fingerprint="f" * 12, budget_s=2, clock="wall")
@@ -302,9 +302,10 @@ def fake_execute(ctx, attempt):
     import os
     from pathlib import Path
     import runtime
-    repo, run_dir, seed, prune = ctx.repo, attempt.run_dir, attempt.seed, attempt.prune
+    trial = attempt.pending.trial
+    repo, run_dir, seed, prune = ctx.repo, attempt.run_dir, trial.seed, attempt.prune
     with open(os.environ["PLANS"], "a") as f:  # what was planned for it (study.Plan), as execute receives it
-        f.write(json.dumps([seed, attempt.run_no, attempt.test_threshold, prune is not None]) + "\n")
+        f.write(json.dumps([seed, trial.repeat, trial.run_no, trial.test_threshold, prune is not None]) + "\n")
     source = (repo / "train.py").read_text()
     lr = float(re.search(r"^MATRIX_LR = ([\d.]+)", source, re.M).group(1))
     log = run_dir / state.RUN_LOG
@@ -390,8 +391,8 @@ def night(repo, tmp_path, monkeypatch, parallel: bool, rule: str = "stat") -> li
     agent.write_text(AGENT.format(lrs=LRS, k=len(LRS)))
     config = tags.setup(repo, "night", sandbox_mode="off", rule=rule)
     # a harness killed during the first baseline run: not the baseline's failure, in either loop
-    ledger.append(state.results(repo), record.interrupted_row(
-        config, {"run_id": "killed", "parent": config.base_commit, "description": "baseline"}, "harness died"))
+    ledger.append(state.results(repo), record.Trial("killed", "night", config.base_commit, "baseline").interrupted(
+        config, "harness died"))
     args = argparse.Namespace(agent=f"{sys.executable} {agent}", agent_timeout=60, tag="night", sandbox="off",
                               decision=None, max_experiments=6, hours=None, workers=1, threads=1, ray_address=None)
     if parallel:
@@ -420,8 +421,8 @@ def both_nights(repo, env, tmp_path, monkeypatch, rule: str) -> tuple[list[Row],
         return [(descriptions.base_description(r.description), r.status, r.decision, r.seed, round(r.val_bpb, 6))
                 for r in rows]
     assert decisions(sequential) == decisions(parallel)
-    # and the same plan for every run (study.Study.plan, the one place both ask): seed, place in its series, test
-    # threshold, whether it may be pruned
+    # and the same plan for every run (study.Study.plan, the one place both ask; record.Trial, the one shape both
+    # execute): seed, repeat, place in its series, test threshold, whether it may be pruned
     plans = [(tmp_path / f"plans-{p}").read_text().splitlines() for p in (False, True)]
     assert plans[0] == plans[1] and len(plans[0]) == len(sequential) - 1, plans  # the killed row never ran here
     return sequential, parallel
