@@ -9,6 +9,7 @@
     .autoresearch/waiting.json       while a run waits for a quiet machine (machine_load.py)
     .autoresearch/stop               the dashboard's stop button (loop.py reads it between experiments)
     .autoresearch/detached.*         `run --detach`'s output, pid and exit status (background.py)
+    .autoresearch/agent-tokens/*.json each agent session's tokens, its stretch and runs (tokens.py)
 
 Every JSON file is written whole or not at all (atomic_json), so a kill at any moment leaves the old file or
 the new one, never half of one.
