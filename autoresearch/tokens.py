@@ -26,6 +26,7 @@ FIELDS = ("input", "output", "cache_read", "cache_write")
 CLAUDE_DIR, CODEX_DIR = ".claude/projects", ".codex/sessions"  # under the agent's home: where each keeps a session
 FILE_LIMIT = 256 << 20  # bytes of one session file read; a larger one is "unknown"
 FILES_LIMIT = 1000      # session files looked at in one session's directory
+TOTAL_LIMIT = 1 << 30   # bytes of them all: what the harness reads when a session ends is bounded
 MAX_COUNT = 10 ** 13    # tokens one number may say; more is not a count
 PRICES_ENV = "AUTORESEARCH_TOKEN_PRICES"
 AIDER_LINE = re.compile(r"^Tokens: (.+?)\.(?: Cost:|\s*$)")
@@ -36,8 +37,9 @@ class Malformed(ValueError):
 
 
 def _files(root: Path) -> list[Path]:
-    """The *.jsonl files under root, no link followed, at most FILES_LIMIT (more: Malformed)."""
-    out, stack = [], [root]
+    """The *.jsonl files under root, no link followed, at most FILES_LIMIT of TOTAL_LIMIT bytes in all (more:
+    Malformed)."""
+    out, stack, size = [], [root], 0
     while stack:
         try:
             entries = list(os.scandir(stack.pop()))
@@ -48,8 +50,9 @@ def _files(root: Path) -> list[Path]:
                 stack.append(Path(e.path))
             elif e.name.endswith(".jsonl"):
                 out.append(Path(e.path))
-        if len(out) > FILES_LIMIT:
-            raise Malformed(f"more than {FILES_LIMIT} session files")
+                size += e.stat(follow_symlinks=False).st_size
+        if len(out) > FILES_LIMIT or size > TOTAL_LIMIT:
+            raise Malformed(f"more than {FILES_LIMIT} session files or {TOTAL_LIMIT:,} bytes")
     return sorted(out)
 
 

@@ -113,6 +113,17 @@ def test_a_malformed_or_planted_session_file_means_unknown_never_a_crash_or_a_gu
     assert got is None and why.startswith("unknown: its session record is malformed")
 
 
+def test_the_loop_keeps_the_lines_aider_prints_its_tokens_on_however_long_its_output():
+    import io
+
+    from autoresearch import agents
+    said = ("Tokens: 4.3k sent, 171 received. Cost: $0.02 message, $0.02 session.\n" + "x" * agents.OUTPUT_TAIL
+            + "\nTokens: 1.2k sent, 20 received.\nDESCRIPTION: wider\n")
+    output = agents.Output(io.StringIO(said))
+    assert "DESCRIPTION: wider" in output.text()
+    assert tokens.usage(None, output.tokens)[0] == {"input": 5500, "output": 191, "cache_read": 0, "cache_write": 0}
+
+
 def test_an_unknown_agent_is_said_to_be_unknown(tmp_path):
     assert tokens.usage(tmp_path) == (None, "unknown: the agent left no session record the harness reads "
                                             "(Claude Code's, Codex's, aider's output)")
