@@ -290,6 +290,10 @@ class WorkerProposers:
         description = agent.propose({"in_flight": in_flight})
         return (agent.workdir / "train.py").read_text(errors="replace"), description
 
+    def session(self, name: str) -> Path | None:
+        """The record of the tokens of worker `name`'s agent's last proposal (tokens.py), if an external one."""
+        return self.agents[name].session if name in self.agents else None
+
     def observe(self, name: str, outcome) -> None:
         if name in self.agents:
             self.agents[name].observe(outcome)

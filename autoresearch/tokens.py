@@ -186,9 +186,9 @@ def sessions_dir(repo: Path) -> Path:
 def record(repo: Path, kind: str, agent: str, start: str, home: Path | None, tag: str | None = None,
            printed: list[str] = ()) -> Path:
     """Write the harness's record of one agent session that began at `start` and ends now; its path. kind: "turn"
-    (a `loop --agent` proposal: the loop adds its runs, add_run), "parallel-turn" (one of a parallel loop's:
-    counted in the night, not per experiment) or "session" (`autoresearch agent`: its runs are those recorded
-    between its start and end)."""
+    (a `loop --agent` proposal: the loop adds its runs, add_run), "parallel-turn" (a parallel loop's: the driver
+    adds the configuration it proposed, whose runs are its) or "session" (`autoresearch agent`: its runs are
+    those recorded between its start and end)."""
     tokens, source = usage(home, printed)
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 10 ** 9:09d}"  # in order within a second too
     path = sessions_dir(repo) / f"{stamp}-{uuid.uuid4().hex[:4]}.json"
@@ -197,13 +197,14 @@ def record(repo: Path, kind: str, agent: str, start: str, home: Path | None, tag
     return path
 
 
-def add_run(path: Path | None, run_id: str) -> None:
-    """A run of the loop turn recorded at `path` (the loop's experiment, its repeats, its controls)."""
+def add_run(path: Path | None, run_id: str | None = None, config: str | None = None) -> None:
+    """A run of the loop turn recorded at `path` (the loop's experiment, its repeats, its controls), or the
+    configuration a parallel loop's turn proposed (its runs, controls aside, are the turn's)."""
     if path is None:
         return
     entry = json.loads(path.read_text())
-    entry["run_ids"] = entry.get("run_ids") or []
-    entry["run_ids"].append(run_id)
+    entry["run_ids"] = (entry.get("run_ids") or []) + ([run_id] if run_id else [])
+    entry["config"] = config or entry.get("config")
     state.atomic_json(path, entry)
 
 
@@ -274,15 +275,16 @@ def bill(repo: Path, tag: str, rows: list, price: dict | None = None) -> dict | 
     """The agent's tokens on `tag` (rows: its ledger rows): each session's, and per experiment, per keep and for
     the night (the sessions whose tokens are known); None when no agent session of the harness's touched it.
     A loop turn pays for the runs it proposed; an `autoresearch agent` session for the runs recorded while it
-    ran; a parallel loop's turns count in the night only."""
-    by_run, items = {r.run_id: r for r in rows}, []
+    ran."""
+    items = []
     for entry in sessions(repo):
         if entry.get("kind") == "session":
             mine = [r for r in rows if entry["start"] <= r.time <= entry["end"]]
             if not mine:
                 continue
         elif tag is None or entry.get("tag") == tag:
-            mine = [by_run[i] for i in entry.get("run_ids") or [] if isinstance(i, str) and i in by_run]
+            ids, config = set(entry.get("run_ids") or []), entry.get("config")
+            mine = [r for r in rows if r.run_id in ids or (config and r.config == config and r.status != "control")]
         else:
             continue
         items.append(_item(entry, mine))
@@ -324,10 +326,9 @@ def lines(b: dict | None, each: bool = True) -> list[str]:
     out.append("  " + "; ".join(per))
     for i in b["sessions"] if each else ():
         tokens = f"{i['total']:>12,}{_money(i['cost'])}" if i["total"] is not None else f"{'unknown':>12}"
-        what = (f"{i['commit']}  {i['status']:8s} {i['description']}" if i["kind"] == "turn" and i["runs"] else
-                "no run (the proposal failed)" if i["kind"] == "turn" else
-                f"{i['experiments']} experiment(s), {i['keeps']} keep(s): `autoresearch agent` {i['start']}"
-                if i["kind"] == "session" else f"a parallel loop's turn at {i['start']}")
+        what = (f"{i['experiments']} experiment(s), {i['keeps']} keep(s): `autoresearch agent` {i['start']}"
+                if i["kind"] == "session" else f"{i['commit']}  {i['status']:8s} {i['description']}" if i["runs"]
+                else "no run (the proposal failed, or its run is in flight)")
         source = i["source"] if i["total"] is None else f"from {i['source']}"
         out.append(f"  {tokens}  {what}  ({source})")
     return out

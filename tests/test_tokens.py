@@ -177,7 +177,7 @@ def test_report_shows_tokens_per_experiment_per_keep_and_per_night_adding_up_to_
     assert f"{first:>12,} ${tokens.cost(added(M1, M2), tokens.prices('input=3,output=15,cache_read=0.3,cache_write=3.75')):,.2f}" \
            f"  bbbbbbb  keep     wider mlp  (from Claude Code)" in out.stdout
     assert "unknown  ddddddd  keep     qk norm  (unknown: the agent left no session record" in out.stdout
-    assert "no run (the proposal failed)" in out.stdout
+    assert "no run (the proposal failed, or its run is in flight)" in out.stdout
 
     facts = json.loads(cli(repo, "report", "--tag", "t", "--json", env=harness_env()).stdout)
     bill = facts["tags"][0]["agent_tokens"]
@@ -190,6 +190,21 @@ def test_report_shows_tokens_per_experiment_per_keep_and_per_night_adding_up_to_
     assert priced["tags"][0]["agent_tokens"]["cost"] == pytest.approx(dollars)
     bad = cli(repo, "report", "--tag", "t", "--prices", "input=three", env=harness_env())
     assert bad.returncode != 0 and "input=three" in bad.stderr
+
+
+def test_a_parallel_loops_turn_pays_for_its_configurations_runs_controls_aside(repo, tmp_path):
+    """`loop --workers N --agent ...`: the driver notes the configuration a turn proposed (driver.proposed)."""
+    results = state.results(repo)
+    ledger.create(results)
+    claude_session(tmp_path / "h", [M1])
+    turn = tokens.record(repo, "parallel-turn", "claude", state.now(), tmp_path / "h", tag="t")
+    tokens.add_run(turn, config="c1")
+    for r in [("bbbbbbb", "confirm", "a", "r1", "c1"), ("aaaaaaa", "control", "control for c1", "r2", "c0"),
+              ("ccccccc", "discard", "other worker's", "r3", "c2"), ("bbbbbbb", "keep", "a [run 2]", "r4", "c1")]:
+        ledger.append(results, row(*r))
+    bill = json.loads(cli(repo, "report", "--tag", "t", "--json", env=harness_env()).stdout)["tags"][0]["agent_tokens"]
+    assert [s["runs"] for s in bill["sessions"]] == [["r1", "r4"]] and bill["keeps"] == 1
+    assert bill["per_experiment"] == sum(M1.values())
 
 
 def test_a_night_without_an_agent_the_harness_started_says_so(repo):
