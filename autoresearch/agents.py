@@ -19,7 +19,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import agentcgroup, confine, descriptions, git, guard, ledger, netproxy, proposer, sandbox, state
+from autoresearch import (agentcgroup, confine, descriptions, git, guard, ledger, netproxy, proposer, sandbox, state,
+                          tokens)
 from autoresearch.errors import AgentError  # defined there: cli.py catches it without importing this module
 
 PRESETS = {
@@ -95,11 +96,11 @@ OUTPUT_TAIL = 64 << 10  # characters of an agent's output kept (its end, and eve
 
 
 class Output:
-    """What the harness keeps of an agent's output, read as it comes: its last OUTPUT_TAIL characters and its
-    DESCRIPTION lines (the last 20)."""
+    """What the harness keeps of an agent's output, read as it comes: its last OUTPUT_TAIL characters, its
+    DESCRIPTION lines (the last 20) and the lines aider prints its tokens on (the last 1000: tokens.aider)."""
 
     def __init__(self, stream):
-        self.tail, self.described, self.pending = "", [], ""
+        self.tail, self.described, self.pending, self.tokens = "", [], "", []
         self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self.thread.start()
 
@@ -109,6 +110,7 @@ class Output:
             *lines, self.pending = (self.pending + chunk).split("\n")
             self.pending = self.pending[-OUTPUT_TAIL:]
             self.described = (self.described + [ln[:1000] for ln in lines if "DESCRIPTION:" in ln[:200]])[-20:]
+            self.tokens = (self.tokens + [ln[:300] for ln in lines if ln.startswith("Tokens: ")])[-1000:]
         if "DESCRIPTION:" in self.pending[:200]:
             self.described = (self.described + [self.pending[:1000]])[-20:]
 
@@ -136,10 +138,13 @@ class ExternalAgent(proposer.Proposer):
     """An agent that edits train.py in `workdir`: the repository itself, or for parallel workers (driver.py)
     one working copy per agent. The prompt is always built from the repository's results.tsv."""
 
-    def __init__(self, repo: Path, tag: str, spec: str, timeout: float, workdir: Path | None = None):
-        self.repo, self.tag, self.timeout = repo, tag, timeout
+    def __init__(self, repo: Path, tag: str, spec: str, timeout: float, workdir: Path | None = None,
+                 kind: str = "turn"):
+        self.repo, self.tag, self.timeout, self.kind = repo, tag, timeout, kind
         self.workdir = workdir or repo
         self.proc = None
+        self.printed: list[str] = []  # the last session's lines of aider's token counts
+        self.session: Path | None = None  # the harness's record of the last session's tokens (tokens.record)
         self.argv = command_for(spec)
         self.name = spec
         self.last_outcome = None
@@ -149,11 +154,16 @@ class ExternalAgent(proposer.Proposer):
         private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
         # confined, it holds no more memory than memcap allows: in the parallel loop it proposes beside a training
         cap = agentcgroup.Cap(private.name) if self.confined() else None
+        start, self.printed = state.now(), []
         try:
             return self._session(ask, private, cap)
         finally:
             if cap is not None:
                 cap.close()
+            # what the session cost, read from its scratch before that goes (a failed proposal costs too)
+            self.session = tokens.record(self.repo, self.kind, self.name, start,
+                                         confine.scratch_home(private) if cap is not None else None, self.tag,
+                                         self.printed)
             shutil.rmtree(private, ignore_errors=True)
 
     def _session(self, ask: proposer.Ask, private: Path, cap: agentcgroup.Cap | None) -> str:
@@ -198,6 +208,8 @@ class ExternalAgent(proposer.Proposer):
         except BaseException:  # Ctrl-C, or the harness stopping: the agent and its children stop with it
             _kill_group(proc)
             raise
+        finally:
+            self.printed = output.tokens
         notes = []
         changed = git.changed_files(self.workdir)
         others = [p for p in changed if p != "train.py"]
@@ -281,11 +293,16 @@ class WorkerProposers:
             if not (workdir / ".git").exists():
                 workdir.parent.mkdir(parents=True, exist_ok=True)
                 git.git(self.repo, "clone", "-q", "--shared", "--no-checkout", str(self.repo), str(workdir))
-            agent = self.agents[name] = proposer_for(self.spec, self.repo, self.tag, self.timeout, workdir)
+            agent = self.agents[name] = ExternalAgent(self.repo, self.tag, self.spec, self.timeout, workdir,
+                                                      kind="parallel-turn")
         git.git(agent.workdir, "checkout", "-q", "-f", "--detach", head)
         git.git(agent.workdir, "clean", "-q", "-f", "-d")
         description = agent.propose(proposer.Ask(in_flight=tuple(in_flight)))
         return (agent.workdir / "train.py").read_text(errors="replace"), description
+
+    def session(self, name: str) -> Path | None:
+        """The record of the tokens of worker `name`'s agent's last proposal (tokens.py), if an external one."""
+        return self.agents[name].session if name in self.agents else None
 
     def observe(self, name: str, outcome) -> None:
         if name in self.agents:

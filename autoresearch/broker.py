@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from autoresearch import agentcgroup, confine, errors, netproxy, pause, sandbox, state, untrusted
+from autoresearch import agentcgroup, confine, errors, netproxy, pause, sandbox, state, tokens, untrusted
 
 BROKER_ENV = "AUTORESEARCH_BROKER"   # inside an agent's confinement: the broker's socket
 SOCKET_NAME = "harness.sock"
@@ -269,6 +269,7 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
               f"{''.join(', ' + str(w) + ' (new, empty)' for w in allowed)}, its home and /tmp (both gone when it "
               f"ends); no validation or test rows; {net}; {cap.how}; {frozen.how}. Inside, "
               f"`autoresearch {'/'.join(BROKERED)}` work as outside.", file=sys.stderr)
+        began = state.now()
         sandbox_proc = subprocess.Popen(cap.wrap(frozen.wrap(argv)))
         entry = pause.register(repo, sandbox_proc.pid, frozen.dir)
         watchdog = pause.Watchdog(repo)
@@ -286,6 +287,8 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
             watchdog.close()
             entry.unlink(missing_ok=True)
             untrusted.put_back(repo)  # its train.py is untrusted code: the committed one goes back (untrusted.py)
+            # what the session cost, from the session files it left in its private scratch (gone at close())
+            tokens.record(repo, "session", " ".join(command)[:200], began, confine.scratch_home(private))
     finally:
         stack.close()
         if proxy is not None and proxy.refused:

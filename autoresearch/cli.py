@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="progress.png")
     p.add_argument("--html", metavar="FILE", help="write the dashboard as one self-contained page to share")
     p.add_argument("--json", action="store_true", help="print every fact as JSON instead (no plot)")
+    p.add_argument("--prices", metavar="KIND=USD,...", help="the agent's prices in dollars per million tokens, e.g. "
+                   "input=3,output=15,cache_read=0.3,cache_write=3.75 (default: $AUTORESEARCH_TOKEN_PRICES)")
     p = sub.add_parser("dashboard", help="a live dashboard in the browser (read-only)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")

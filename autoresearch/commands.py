@@ -56,6 +56,10 @@ def status(repo: Path) -> str:
     if room:
         lines.append(f"train.py carries {room['carried_bytes']:,} of the {room['limit_bytes']:,} bytes it may beyond the "
                      f"tag's base ({room['left_bytes']:,} left; docs/integrity.md)")
+    from autoresearch import tokens
+    bill = tokens.bill(repo, config.tag, rows, tokens.prices_or_none(warnings=damaged))
+    if bill is not None:  # the agent's tokens, where the harness started one on this tag
+        lines += tokens.lines(bill, each=False)
     lines += report.flag_lines(rows)
     lines += [f"warning: {problem}" for problem in damaged]
     return "\n".join(lines)

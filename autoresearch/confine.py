@@ -35,6 +35,9 @@ AGENT_DATA = (".claude/.credentials.json", ".claude/history.jsonl", ".codex/auth
 AGENT_SCRATCH = (".claude/projects", ".claude/todos", ".claude/shell-snapshots", ".claude/session-env",
                  ".claude/statsig", ".claude/ide", ".claude/file-history", ".claude/debug", ".claude/plans",
                  ".codex/sessions", ".codex/log")
+# Of those, where Claude Code and Codex record a session's tokens: given a private directory (wrap_agent), they are
+# written into it, outside the sandbox, so that the harness reads the tokens when the session ends (tokens.py)
+TOKEN_SCRATCH = (".claude/projects", ".codex/sessions")
 PRIVATE_STATE = (".claude.json",)
 # Hidden wherever a directory the agent sees holds them (a Python installation under home, say), besides the
 # caches: services on localhost whose tokens live under home run code on request (Jupyter's runtime files), and
@@ -57,7 +60,8 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     the host's (its model's API). Its own process namespace and /proc (no /proc/PID/root or fd/ of the
     harness's), no capability, a new session (no TIOCSTI into the user's terminal), no host socket under /run.
     `broker`: the directory of the broker's socket (broker.py), bound at BROKER_DIR. `private`: a directory of
-    the caller's for the session's copies of PRIVATE_STATE. `network`: the directory of the harness's proxy socket
+    the caller's for the session's copies of PRIVATE_STATE and its TOKEN_SCRATCH (scratch_home), which the
+    caller reads for its tokens (tokens.py) and removes. `network`: the directory of the harness's proxy socket
     (netproxy.Proxy): the agent then has a network namespace of its own, reaching only what the proxy allows,
     through netrelay.py (None: the host's network, asked for by the user). The data cache is this process's
     (runtime.cache_dir()), prepared (runtime.require_manifest() says how, if not)."""
@@ -116,7 +120,13 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     for rel in training_files(manifest):
         args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
     for rel in AGENT_SCRATCH:
-        if (home / rel).is_dir():
+        # kept for the harness where the agent can make it: it exists, or its parent is in the home's tmpfs
+        if private is not None and rel in TOKEN_SCRATCH and ((home / rel).is_dir()
+                                                              or not (home / rel).parent.exists()):
+            kept = scratch_home(private) / rel
+            kept.mkdir(mode=0o700, parents=True, exist_ok=True)
+            args += ["--bind", str(kept), str(home / rel)]
+        elif (home / rel).is_dir():
             args += ["--tmpfs", str(home / rel)]
     for path in [home / rel for rel in AGENT_DATA] + [Path(w) for w in writable]:
         if path.exists():
@@ -139,6 +149,12 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
         argv = [sys.executable, "-I", str(Path(netproxy.__file__).with_name("netrelay.py")),
                 f"{netproxy.NET_DIR}/{netproxy.SOCKET_NAME}", str(netproxy.RELAY_PORT), "--", *argv]
     return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
+
+
+def scratch_home(private: Path) -> Path:
+    """Where a session given the private directory `private` (wrap_agent) leaves its TOKEN_SCRATCH, as under a
+    home: the harness reads its tokens there (tokens.usage) before removing it."""
+    return private / "home"
 
 
 def mask(paths: list[Path]) -> list[str]:

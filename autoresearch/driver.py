@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
-                          run, schedule, state, study, supervise, tags)
+                          run, schedule, state, study, supervise, tags, tokens)
 from autoresearch.record import Trial
 from autoresearch.worker import Worker, keep_on_branch
 from autoresearch.tagconfig import Tag
@@ -152,6 +152,7 @@ class Driver:
 
     def proposed(self, future) -> None:
         name = self.proposing.pop(future)
+        turn = self.proposers.session(name)  # what the agent's turn cost: its runs are the configuration's (tokens.py)
         try:
             parent, source, description = future.result()
         except (agents.AgentError, RuntimeError, git.GitError, OSError) as e:
@@ -184,8 +185,10 @@ class Driver:
             row = record.make_row(self.config, parent, descriptions.noted(description, descriptions.REFUSED, problem),
                                   state.new_run_id(), "refused", worker=name)
             ledger.append(self.results, row)
+            tokens.add_run(turn, row.run_id)
             self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
+        tokens.add_run(turn, config=config_id)
         self.dispatch(self.job(rows, commit, parent, schedule.Next("propose", description), name))
 
     def dispatch(self, job: Trial) -> None:

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig
+from autoresearch import (decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig,
+                          tokens)
 
 
 class BadQuery(ValueError):
@@ -136,8 +137,9 @@ def _tag_configs(repo: Path | None) -> dict[str, tagconfig.Tag]:
     return out
 
 
-def facts(path: Path, repo: Path | None, tag: str | None = None) -> dict:
-    """Everything the dashboard shows, as plain JSON: every tag of the ledger (or the one asked for)."""
+def facts(path: Path, repo: Path | None, tag: str | None = None, prices: dict | None = None) -> dict:
+    """Everything the dashboard shows, as plain JSON: every tag of the ledger (or the one asked for), each with
+    its agent's tokens (tokens.bill; costs at `prices`, else at AUTORESEARCH_TOKEN_PRICES)."""
     damaged: list[str] = []
     rows, problem = [], None
     if path.exists():  # no ledger yet: no experiments yet, not an error
@@ -154,11 +156,17 @@ def facts(path: Path, repo: Path | None, tag: str | None = None) -> dict:
             current = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
         except git.GitError:
             pass
+    prices = prices if prices is not None else tokens.prices_or_none(warnings=damaged)
+    tables = []
+    for t in names:
+        mine = [r for r in rows if r.tag == t]
+        tables.append(tag_facts(t, mine, configs.get(t)))
+        tables[-1]["agent_tokens"] = tokens.bill(repo, t, mine, prices) if repo is not None else None
     return {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "results": str(path),
         "current_tag": current,
-        "tags": [tag_facts(t, [r for r in rows if r.tag == t], configs.get(t)) for t in names],
+        "tags": tables,
         "in_flight": in_flight(repo) if repo is not None else [],
         "stop_requested": repo is not None and state.stop_file(repo).exists(),
         "warnings": damaged + ([problem] if problem else []),

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags
+from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags, tokens
 from autoresearch.errors import HarnessError, MachineBusy
 
 
@@ -95,6 +95,7 @@ def main(repo: Path, args, log=print) -> int:
     agent = agents.proposer_for(args.agent, repo, config.tag, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     begun, failures, stopping = 0, 0, False
+    turn = None  # the record of the agent's turn that proposed the experiment running (tokens.py)
     stop = dashboard_stop(repo)
     log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
@@ -129,6 +130,9 @@ def main(repo: Path, args, log=print) -> int:
                     return 1
                 continue
             failures = 0
+            turn = getattr(agent, "session", None)  # an external agent's: what its turn cost
+        elif step.kind == "baseline":
+            turn = None
         begun += step.new
         progress = Progress(config.budget_s, description)
         try:
@@ -152,6 +156,7 @@ def main(repo: Path, args, log=print) -> int:
             return 130
         finally:
             progress.close()
+        tokens.add_run(turn, outcome.row.run_id)  # the experiment's runs (repeats, controls) pay for its turn
         log(line(len(ledger.read(state.results(repo), config.tag)), outcome.row))
         if outcome.row.status == "crash":
             log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))

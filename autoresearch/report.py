@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, ledger, state, tags
+from autoresearch import decide, descriptions, errors, ledger, state, tags, tokens
 
 
 def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
@@ -234,11 +234,15 @@ def main(args) -> str:
             tag = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
     repo = path.parent if (path.parent / ".git").exists() else None
     rows = ledger.read(path, tag, old_ok=True)  # --json and --html fail where the plot would: same facts, same errors
+    try:
+        price = tokens.prices(getattr(args, "prices", None))
+    except ValueError as e:
+        raise errors.HarnessError(str(e)) from None
     if not rows:
         raise errors.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
         from autoresearch import dashboard, facts
-        data = facts.facts(path, repo, tag)
+        data = facts.facts(path, repo, tag, price)
         if args.json:
             return json.dumps(data, indent=1)
         Path(args.html).write_text(dashboard.page(facts.attach_details(data, repo)), encoding="utf-8")
@@ -246,4 +250,5 @@ def main(args) -> str:
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
     tests = test_scores(decide.finished(rows), state.runs_dir(path.parent))
-    return summarize(rows, tests, groups) + f"\nplot: {out}"
+    bill = tokens.lines(tokens.bill(repo, tag, rows, price)) if repo is not None else []
+    return "\n".join([summarize(rows, tests, groups), *bill, f"plot: {out}"])

@@ -6,10 +6,11 @@
     .autoresearch/pending.json       the run in flight of `autoresearch run`/`loop` (recovery.py)
     .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (driver.py)
     .autoresearch/runs/<id>/         one run: run.log, evaluation.json, out/ (the only dir a training writes)
-    .autoresearch/lock               held by whoever changes state (lock.py)
+    .autoresearch/lock               held by whoever changes state (RepoLock, below)
     .autoresearch/waiting.json       while a run waits for a quiet machine (machine.py)
     .autoresearch/stop               the dashboard's stop button (loop.py reads it between experiments)
     .autoresearch/detached.*         `run --detach`'s output, pid and exit status (background.py)
+    .autoresearch/agent-tokens/*.json each agent session's tokens, its stretch and runs (tokens.py)
 
 Every JSON file is written whole or not at all (atomic_json), so a kill at any moment leaves the old file or
 the new one, never half of one.

@@ -41,7 +41,7 @@ class Tag:
     compile_cache: str = "champion"   # champion or off (compiled.py)
     threads: int | None = None        # threads per run (parallel workers); None: the machine's cores
     peak_flops: dict | None = None    # the machine's peak FLOP/s per dtype, measured at setup
-    accounting: str | None = None     # each run's cgroup (runcgroup.py): cgroup v1, cgroup v2 or none; None: a tag
+    accounting: str | None = None     # each run's cgroup (cgroups.py): cgroup v1, cgroup v2 or none; None: a tag
                                       # from before, whose runs get one where it can be made
     scratch: str | None = None        # out/ and the compile copy (scratch.py): tmpfs or disk; None: a tag from before
     out_limit_bytes: int = scratch_.OUT_LIMIT  # what out/ may hold

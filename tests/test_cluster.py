@@ -162,6 +162,10 @@ def test_workers_side_by_side_survive_a_killed_worker_and_a_killed_driver(repo, 
     assert proposed and (("reverted" not in proposed[0].description) if sandbox.bwrap_works() else
                          ("agent also edited prepare.py: reverted" in proposed[0].description))  # confined: it failed
     assert sh(repo, "git", "status", "--porcelain") == ""  # the agent worked in its own copy
+    # what its turn cost (tokens.py): unknown (this agent records none), and its turn the proposal's runs
+    bill = json.loads(cli(repo, "report", "--tag", "par", "--json", env=env).stdout)["tags"][0]["agent_tokens"]
+    turns = [s for s in bill["sessions"] if s["runs"]]
+    assert len(turns) == 1 and turns[0]["runs"] == [r.run_id for r in proposed] and turns[0]["total"] is None
     assert (repo / "prepare.py").read_text() == (ROOT / "prepare.py").read_text()
 
 

@@ -174,6 +174,12 @@ def test_an_agent_started_by_hand_runs_a_short_night_through_the_broker(repo, en
     # training budget
     pauses = json.loads(proc.stdout.split("PAUSES ", 1)[1].splitlines()[0])
     assert len(pauses) == 2 and min(pauses) > float(env["AUTORESEARCH_TIME_BUDGET"]), proc.stdout[-3000:]
+    # the session's tokens (tokens.py): unknown (this agent records none), its runs all those of its stretch
+    report = json.loads(cli(repo, "report", "--json", env=env).stdout)
+    bill = report["tags"][0]["agent_tokens"]
+    assert [(s["kind"], s["total"], s["runs"]) for s in bill["sessions"]] == [("session", None,
+                                                                               [r.run_id for r in recorded])]
+    assert bill["unknown"] == 1 and "left no session record" in bill["sessions"][0]["source"]
 
 
 def test_a_run_trains_on_the_train_py_it_checked_and_committed(repo, env, tmp_path):

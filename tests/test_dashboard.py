@@ -16,7 +16,7 @@ import pytest
 
 from conftest import STALL_ROOM, cli
 
-from autoresearch import git, ledger, loop, record, state, tags
+from autoresearch import git, ledger, loop, record, state, tags, tokens
 
 pytestmark = pytest.mark.slow  # every test here trains through the real harness
 
@@ -127,6 +127,13 @@ def test_the_dashboard_renders_updates_live_and_asks_the_loop_to_stop(repo, env,
         # a row appended now appears without a reload
         add_runs(repo, tag, [("keep", 1.55, "shorter warmdown", "WARMDOWN_NOTE = 1")])
         wait_until(lambda: "shorter warmdown" in driver.find_element(By.ID, "runs").text, what="the new row")
+        # a loop turn's tokens (tokens.py), as the loop records them: the tag's line shows the night's
+        from test_tokens import M1, claude_session
+        claude_session(repo.parent / "agent-home", [M1])
+        turn = tokens.record(repo, "turn", "claude", state.now(), repo.parent / "agent-home", tag="dash")
+        tokens.add_run(turn, "20261130-000001-000001")  # the deeper model's
+        night = f"agent tokens {sum(M1.values()):,} | {sum(M1.values()):,} per experiment (1) | no keep yet"
+        wait_until(lambda: night in driver.find_element(By.ID, "tags").text, what="the agent's tokens")
         # a row's diff, and a crash's log tail
         driver.find_element(By.XPATH, "//tr[contains(@class,'run')][td[contains(.,'wider model')]]").click()
         detail = wait_until(lambda: (d := driver.find_element(By.CSS_SELECTOR, "tr.detail pre")).text != "…" and d,
@@ -144,7 +151,8 @@ def test_the_dashboard_renders_updates_live_and_asks_the_loop_to_stop(repo, env,
         driver.quit()
         proc.kill()
         proc.wait()
-    assert sorted(p.name for p in state.state_dir(repo).iterdir()) == ["runs", "stop", "tags"]  # read-only but that
+    # read-only but that (agent-tokens: the test's)
+    assert sorted(p.name for p in state.state_dir(repo).iterdir()) == ["agent-tokens", "runs", "stop", "tags"]
 
 
 def test_the_loop_reads_the_stop_file_once_and_forgets_a_stale_one(repo):

@@ -1,5 +1,5 @@
 """The exported program, from the checked graph (graph.py) and the safetensors: no pickle, no code from the run.
-The evaluator scores it; `autoresearch sample` and `best` load the champion's the same way (champion.py)."""
+The evaluator scores it; `autoresearch sample` and `best` load the champion's the same way (commands.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Everything in a run's output directory was written by untrusted code. The harnes
 regular file, never through a link (O_NOFOLLOW), never a FIFO or a device (O_NONBLOCK, then fstat), and reads
 at most a bound: a link to ~/.ssh, a FIFO that blocks forever or a sparse 1 TB file is a refusal, not a hang.
 The evaluator reads the exported model with it, the harness a run's result.json and log (fixed.py, record.py,
-champion.py).
+commands.py).
 """
 
 from __future__ import annotations
