@@ -142,50 +142,37 @@ def settle(out: Path, total: int) -> list[str]:
 
 def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
     config, run_dir = ctx.config, attempt.run_dir
-    budget, clock = config.budget_s, config.clock
-    problems = tags.boundary_problems(config)
-    if problems:  # fail closed: never a run with less than its tag recorded
-        raise HarnessError("; ".join(problems))
-    try:
-        bounded = scratch.bounded_dir(out, config.out_limit_bytes)
-    except OSError as e:
-        raise HarnessError(f"out/ could not be made a tmpfs of {config.out_limit_bytes:,} bytes ({e})") from None
+    bounded = boundary(config, out)
     problem = checked_source(ctx.repo, config, run_dir, attempt.pending.trial.commit or None)
     if problem:
         return Execution("refused", problem, None, {}, supervise.Training(None, False, None, 0.0))
+    refused, base_before = compile_copy(ctx, attempt)
+    if refused is not None:
+        return refused
     half = ctx.fixed_half
     view = sandbox.make_view(run_dir, half.cache, half.manifest, config.peak_flops)
-    base_before = None
-    if attempt.compile_base is not None:
-        try:
-            compiled.private_copy(attempt.compile_base, run_dir)
-        except compiled.Unaccepted as e:  # checked after its phase, so changed since: by a run without a sandbox
-            compiled.discard(half.cache, attempt.compile_base.name)
-            return Execution("refused", f"the compile cache's base holds what no run may get ({e}); thrown away, "
-                             "the next run fills a new one", None, {}, supervise.Training(None, False, None, 0.0))
-        base_before = compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
-    timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(budget, clock),
+    timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(config.budget_s, config.clock),
                   config.timeout_s or float("inf"))
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending.path])
-    # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
-    # there, and only there); closed unused if the run fails.
     cgroup, how = (None, "") if config.accounting == "none" else cgroups.make(run_dir.name)
     if cgroup is None and config.accounting not in (None, "none"):
         raise HarnessError(f"this tag's runs are measured in a {config.accounting} of their own, and none could be "
                            f"made ({how})")
     kept = scratch.prepare_kept(out)  # where settle() puts out/'s accepted files: all the evaluator ever sees
+    # Under bubblewrap the evaluator imports torch while train.py starts (harness.Evaluator says why that is safe
+    # there, and only there); closed unused if the run fails.
     with contextlib.closing(harness.Evaluator(half.sources, half.cache, out, ctx.protection, kept)) as evaluator, \
             contextlib.ExitStack() as stack:
         if cgroup is not None:
             stack.callback(cgroup.close)
         launch = supervise.Launch(
-            ctx.repo, run_dir, attempt.pending.trial.seed, timeout, view, clock=clock, threads=config.threads_per_run(),
+            ctx.repo, run_dir, attempt.pending.trial.seed, timeout, view, clock=config.clock,
+            threads=config.threads_per_run(),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
             spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
         try:
-            training = supervise.run_training(launch, attempt.pending, attempt.on_progress,
-                                              attempt.prune)
+            training = supervise.run_training(launch, attempt.pending, attempt.on_progress, attempt.prune)
         finally:
             scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
             dropped = settle(out, config.out_limit_bytes)  # the contract files, copied off the tmpfs
@@ -193,24 +180,57 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
             supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the "
                                   "contract files are): " + ", ".join(dropped[:5]) + (
                                       "" if bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
-
         # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
         refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
         if refusal is not None:
             return Execution("refused", refusal, None, {}, training)
         if training.pruned:
             return Execution("pruned", training.pruned, None, {}, training)
-        result, problem = ((None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir))
-        refused_result = [d for d in dropped if d.startswith(ascii(fixed.contract().RESULT_FILE) + " (")]
-        if result is None and refused_result:  # why settle() did not keep it: a link, a FIFO, too large
-            problem = f"result.json was not kept: {refused_result[0]}"
-        facts = Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
-                      attempt.pending.trial.seed, budget, timeout, budget + outside_seconds(config, training),
-                      config.allowance_s, clock, ctx.protection)
+        facts = read_facts(ctx, attempt, training, dropped, timeout)
         for outcome, fails, reason in CHECKS:
             if fails(facts):
-                return Execution(outcome, reason(facts), result, {}, training)
+                return Execution(outcome, reason(facts), facts.result, {}, training)
         return evaluated(ctx, attempt, evaluator, facts)
+
+
+def boundary(config, out: Path) -> bool:
+    """The run's boundary as its tag recorded it (fail closed: never a run with less), and out/ a tmpfs of the
+    tag's size where this user may mount one (True) or a directory on the disk (False)."""
+    problems = tags.boundary_problems(config)
+    if problems:
+        raise HarnessError("; ".join(problems))
+    try:
+        return scratch.bounded_dir(out, config.out_limit_bytes)
+    except OSError as e:
+        raise HarnessError(f"out/ could not be made a tmpfs of {config.out_limit_bytes:,} bytes ({e})") from None
+
+
+def compile_copy(ctx: Context, attempt: Attempt) -> tuple[Execution | None, object]:
+    """The run's private copy of its compile base (a refusal where the base holds what no run may get), and the
+    base's state before the run where no sandbox keeps the run from writing it (integrity compares)."""
+    if attempt.compile_base is None:
+        return None, None
+    try:
+        compiled.private_copy(attempt.compile_base, attempt.run_dir)
+    except compiled.Unaccepted as e:  # checked after its phase, so changed since: by a run without a sandbox
+        compiled.discard(ctx.fixed_half.cache, attempt.compile_base.name)
+        return Execution("refused", f"the compile cache's base holds what no run may get ({e}); thrown away, the "
+                         "next run fills a new one", None, {}, supervise.Training(None, False, None, 0.0)), None
+    return None, compiled.state(attempt.compile_base) if ctx.protection != "bwrap" else None
+
+
+def read_facts(ctx: Context, attempt: Attempt, training: supervise.Training, dropped: list[str],
+               timeout: float) -> Facts:
+    """What the checks read of a finished training: its log and result.json (why it is unusable, when it is)."""
+    config, run_dir = ctx.config, attempt.run_dir
+    result, problem = ((None, "") if training.timed_out or training.code != 0 else fixed.read_result(run_dir))
+    refused_result = [d for d in dropped if d.startswith(ascii(fixed.contract().RESULT_FILE) + " (")]
+    if result is None and refused_result:  # why settle() did not keep it: a link, a FIFO, too large
+        problem = f"result.json was not kept: {refused_result[0]}"
+    return Facts(training, (run_dir / state.RUN_LOG).read_text(errors="replace"), result, problem,
+                 attempt.pending.trial.seed, config.budget_s, timeout,
+                 config.budget_s + outside_seconds(config, training), config.allowance_s, config.clock,
+                 ctx.protection)
 
 
 def integrity(ctx: Context, training: supervise.Training, watch: guard.Guard, compile_base: Path | None,

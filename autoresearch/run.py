@@ -49,36 +49,23 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     """One run. Under the stat rule it is the next run of the open series if there is one (the baseline's
     repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
     log = options.log
-    description = descriptions.clean(description)
-    config = tags.load_tag(repo)
-    fixed.check_contract()
-    recovery.recover(repo, log)
-    try:
-        protection = sandbox.protection(options.sandbox_mode or config.sandbox_mode())
-    except sandbox.SandboxError as e:
-        raise HarnessError(str(e)) from None
-    rule = config.rule(options.rule)
-    results = state.results(repo)
-    rows = ledger.read(results, config.tag)
+    config, protection, rule = begin(repo, options)
+    rows = ledger.read(state.results(repo), config.tag)
     step = schedule.next_run(rows, [], rule, True, "")
     series = step.series  # None: this run is a new candidate
-    if series is not None:
-        description = resume(repo, step, log)
-    run_id = state.new_run_id()
-    run_dir = state.run_dir(repo, run_id)
+    description = resume(repo, step, log) if series is not None else descriptions.clean(description)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     # the configuration about to run is planned: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
     plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
-    seed = plan.seed
-    trial = record.Trial(run_id, config.tag, git.head(repo), description, seed, run_no=plan.run_no,
+    trial = record.Trial(state.new_run_id(), config.tag, git.head(repo), description, plan.seed, run_no=plan.run_no,
                          test_threshold=plan.test_threshold, protection=protection, host=socket.gethostname(),
                          device=config.device_label(), started=state.now())
 
     def refuse(reason: str) -> NoReturn:
-        ledger.append(results, trial.row(config, "refused", descriptions.noted(description, descriptions.REFUSED,
-                                                                                reason)))
+        ledger.append(state.results(repo), trial.row(config, "refused", descriptions.noted(
+            description, descriptions.REFUSED, reason)))
         raise Refused(f"Refused: {reason}")
 
     changed = git.changed_files(repo)
@@ -94,22 +81,14 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     if config.clock == "wall":  # a competing process would be measured, not train.py (machine.py)
         wait_until_quiet(repo, log, options.give_up)
 
-    # From here on a kill at any moment is recovered: pending.json first, then the run directory and the commit.
-    pending = record.Pending(state.pending_file(repo), trial)
-    pending.write()
-    state.fault_point("pending-written")
-    run_dir.mkdir(parents=True)
-    commit = git.commit_file(repo, EDITABLE, description) if EDITABLE in changed else git.head(repo)
-    state.fault_point("committed")
-    trial = pending.trial = replace(trial, commit=commit, config=tags.config_of(repo, commit), repeat=plan.repeat)
-    pending.write()
-
+    pending = start(repo, trial, plan.repeat, EDITABLE in changed)
+    run_dir = state.run_dir(repo, trial.run_id)
     ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
         run_dir, pending, timeout=options.timeout, compile_base=base, on_progress=options.on_progress,
         prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
-    row = record.result_row(config, ex, rows, rule, series, trial)
+    row = record.result_row(config, ex, rows, rule, series, pending.trial)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
         git.reset_to(repo, tags.last_kept_commit(repo, config, rows), EDITABLE)
@@ -120,6 +99,33 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)
+
+
+def begin(repo: Path, options: Options) -> tuple[Tag, str, str]:
+    """The tag, the protection and the rule a run gets, once the fixed half is checked and anything a dead
+    harness left is finished (recovery.py)."""
+    config = tags.load_tag(repo)
+    fixed.check_contract()
+    recovery.recover(repo, options.log)
+    try:
+        protection = sandbox.protection(options.sandbox_mode or config.sandbox_mode())
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
+    return config, protection, config.rule(options.rule)
+
+
+def start(repo: Path, trial: record.Trial, repeat: int, commit_it: bool) -> record.Pending:
+    """The run begins: from here on a kill at any moment is recovered. Its record first (pending.json), then its
+    directory and the commit of train.py (commit_it: the work tree's changed it), then the record again."""
+    pending = record.Pending(state.pending_file(repo), trial)
+    pending.write()
+    state.fault_point("pending-written")
+    state.run_dir(repo, trial.run_id).mkdir(parents=True)
+    commit = git.commit_file(repo, EDITABLE, trial.description) if commit_it else git.head(repo)
+    state.fault_point("committed")
+    pending.trial = replace(trial, commit=commit, config=tags.config_of(repo, commit), repeat=repeat)
+    pending.write()
+    return pending
 
 
 def resume(repo: Path, step: schedule.Next, log) -> str:

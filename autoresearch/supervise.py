@@ -150,61 +150,79 @@ def run_training(launch: Launch, pending, on_progress=None, prune=None) -> Train
     pending.json so that a later recovery can kill exactly those. Every descendant of this process but the
     launch.spare subtrees is the training's: it returns once all of them have ended, so that nothing of it runs
     beside the evaluation. prune(elapsed, step_line) -> a reason to stop the training now (prune.py), or None."""
-    run_dir, spare, timeout, wrap = launch.run_dir, launch.spare, launch.timeout, launch.wrap
-    out = run_dir / sandbox.OUT_DIR
-    contract = fixed.contract()
-    argv = [sys.executable, state.EDITABLE]
     processes.become_subreaper()  # orphans of the training become our children: still in the tree we kill
-    log = CappedLog(run_dir / state.RUN_LOG)  # created before the training exists
-    argv = wrap(argv) if wrap else argv
-    cgroup = launch.cgroup
-    if cgroup is not None:  # every process it ever starts is charged there, reaped by anyone or not
-        argv = cgroup.wrap(argv)
+    log = CappedLog(launch.run_dir / state.RUN_LOG)  # created before the training exists
+    argv = [sys.executable, state.EDITABLE]
+    argv = launch.wrap(argv) if launch.wrap else argv
+    if launch.cgroup is not None:  # every process it ever starts is charged there, reaped by anyone or not
+        argv = launch.cgroup.wrap(argv)
     proc = subprocess.Popen(processes.tied_to_parent(argv), cwd=launch.repo,
                             env=launch.environment(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=scratch.limit_files(launch.file_limit) if launch.file_limit else None)
     log.start(proc.stdout)
-    known = [processes.identity(proc.pid) or [proc.pid, 0.0]]
-    pending.processes = known
-    pending.write()
-    start = time.monotonic()  # not the wall clock: a root training without a sandbox can set that back
-    meter = machine.Meter()
-    children_before = children_cpu()
-    result_path = out / contract.RESULT_FILE
-    result_after = cpu_at_result = written = pruned = None
-    timed_out = False
+    watch = _Watch(launch, proc, pending)
     try:
-        while proc.poll() is None:
-            now = time.monotonic()
-            if result_after is None and os.path.lexists(result_path):
-                result_after = now - start
-                cpu_at_result = cgroup.cpu_seconds() if cgroup else machine.tree_cpu_seconds(known)
-                written = files_state(out)
-            if now - start > timeout:
-                timed_out = True
-                break
-            processes.reap_zombies(keep={proc.pid, *spare})
-            tree = [i for i in processes.descendants(spare) if i not in known]
-            if tree:
-                known += tree
-                pending.write()
-            if on_progress or prune:
-                seen = progress(run_dir / state.RUN_LOG)
-                if on_progress:
-                    on_progress(*seen)
-                if prune and result_after is None and (pruned := prune(*seen)):
-                    break
+        while proc.poll() is None and watch.poll(on_progress, prune):
             time.sleep(0.2)
     finally:
+        survivors = watch.end()
+        log.close()
+    return watch.training(len(survivors))
+
+
+class _Watch:
+    """One training watched from its start (run_training): its processes recorded in `pending` as they appear,
+    when its result appeared and the CPU spent until then, its end (the whole tree killed) and what it used."""
+
+    def __init__(self, launch: Launch, proc: subprocess.Popen, pending):
+        self.launch, self.proc, self.pending, self.cgroup = launch, proc, pending, launch.cgroup
+        self.out = launch.run_dir / sandbox.OUT_DIR
+        self.result_file = fixed.contract().RESULT_FILE
+        self.known = pending.processes = [processes.identity(proc.pid) or [proc.pid, 0.0]]
+        pending.write()
+        self.start = time.monotonic()  # not the wall clock: a root training without a sandbox can set that back
+        self.meter = machine.Meter()
+        self.children_before = children_cpu()
+        self.result_after = self.cpu_at_result = self.written = self.pruned = None
+        self.timed_out = False
+
+    def poll(self, on_progress, prune) -> bool:
+        """One look at the training; False when it must end now (its timeout, or pruned)."""
+        now = time.monotonic()
+        if self.result_after is None and os.path.lexists(self.out / self.result_file):
+            self.result_after = now - self.start
+            self.cpu_at_result = (self.cgroup.cpu_seconds() if self.cgroup
+                                  else machine.tree_cpu_seconds(self.known))
+            self.written = files_state(self.out)
+        if now - self.start > self.launch.timeout:
+            self.timed_out = True
+            return False
+        processes.reap_zombies(keep={self.proc.pid, *self.launch.spare})
+        tree = [i for i in processes.descendants(self.launch.spare) if i not in self.known]
+        if tree:
+            self.known += tree
+            self.pending.write()
+        if on_progress or prune:
+            seen = progress(self.launch.run_dir / state.RUN_LOG)
+            if on_progress:
+                on_progress(*seen)
+            if prune and self.result_after is None and (pruned := prune(*seen)):
+                self.pruned = pruned
+                return False
+        return True
+
+    def end(self) -> list:
+        """The whole tree ended, whatever happened; what survived the kill (forked meanwhile)."""
         # The budget runs until the training's process ends, whenever it wrote its result: a placeholder
         # result.json written at once buys no time.
-        done_after = time.monotonic() - start
+        proc, spare, cgroup, known = self.proc, self.launch.spare, self.cgroup, self.known
+        self.done_after = time.monotonic() - self.start
         processes.reap_zombies(keep={*spare, *([proc.pid] if proc.returncode is None else [])})
         # every CPU second of the tree until now: the live processes', and the ended ones' (collected here)
-        cpu_at_done = machine.tree_cpu_seconds(known) + (children_cpu() - children_before)
+        self.cpu_at_done = machine.tree_cpu_seconds(known) + (children_cpu() - self.children_before)
         if cgroup is not None:  # the kernel's count: every process of the tree, reaped by anyone or not
-            cpu_at_done = cgroup.cpu_seconds()
+            self.cpu_at_done = cgroup.cpu_seconds()
         known += [i for i in processes.descendants(spare) if i not in known]
         processes.kill_recorded(known)  # pending.processes is `known`: leftovers, grandchildren, setsid escapees
         if cgroup is not None:
@@ -214,16 +232,20 @@ def run_training(launch: Launch, pending, on_progress=None, prune=None) -> Train
         survivors = processes.end_descendants(spare)  # forked while the tree was being killed: re-parented here
         if cgroup is not None:
             survivors += cgroup.pids()
-        log.close()
-    wall = time.monotonic() - start
-    tree_cpu = cgroup.cpu_seconds() if cgroup is not None else children_cpu() - children_before
-    final = files_state(out)
-    if result_after is None and final[contract.RESULT_FILE] is not None:
-        result_after, cpu_at_result, written = wall, tree_cpu, final
-    rewritten = [name for name in final if written is not None and final[name] != written[name]]
-    return Training(None if timed_out or pruned else proc.returncode, timed_out, result_after, wall, cpu_at_result,
-                    round(meter.others(tree_cpu), 3), len(survivors), done_after,
-                    max(cpu_at_done, 0.0) or tree_cpu, rewritten, pruned)
+        return survivors
+
+    def training(self, survivors: int) -> Training:
+        wall = time.monotonic() - self.start
+        cgroup = self.cgroup
+        tree_cpu = cgroup.cpu_seconds() if cgroup is not None else children_cpu() - self.children_before
+        final = files_state(self.out)
+        result_after, cpu_at_result, written = self.result_after, self.cpu_at_result, self.written
+        if result_after is None and final[self.result_file] is not None:
+            result_after, cpu_at_result, written = wall, tree_cpu, final
+        rewritten = [name for name in final if written is not None and final[name] != written[name]]
+        return Training(None if self.timed_out or self.pruned else self.proc.returncode, self.timed_out,
+                        result_after, wall, cpu_at_result, round(self.meter.others(tree_cpu), 3), survivors,
+                        self.done_after, max(self.cpu_at_done, 0.0) or tree_cpu, rewritten, self.pruned)
 
 
 def append_line(path: Path, line: str) -> None:
