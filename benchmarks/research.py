@@ -30,9 +30,19 @@ end the default, the detuned start and every lane's champion are re-measured by 
 used in a loop), interleaved per seed, and the table is computed from those alone. The noise of the table is the
 spread of a configuration's re-measurements (its pooled standard deviation, and the standard error of a mean).
 
-**Under two hours, by construction.** A lane starts no experiment once its share of --minutes (85 by default,
-over every sitting) is spent, nor beyond --experiments; its last experiment may overrun its share by one experiment
-(1-4 minutes at 15 s). The re-measurement then takes about 10 minutes at the default.
+**The transfer: does the night's gain hold at the real budget?** A night at 15 s rewards what is short (a smaller
+model); what counts is the longer run. After the re-measurement, the default and each night lane's champion (that
+kept something) are trained at --transfer-budget (300 s, the real one) on --transfer-seeds fresh seeds (4, from
+2001: never a loop's, never the re-measurement's), interleaved per seed; the table gives each champion's gain at
+the night's budget beside its gain at the longer one, both paired by seed with their standard errors, and says
+whether it held (beyond two standard errors), reversed, or is within the noise.
+
+**Under two hours, by construction, at the default** (the night of the built-in researcher and of random search,
+30 minutes of loops, then the transfer): a lane starts no experiment once its share of --minutes is spent, nor
+beyond --experiments; its last experiment may overrun its share by one experiment (1-4 minutes at 15 s). The
+re-measurement then takes about 3 minutes, the transfer about 5.3 minutes a run: (1 + lanes that kept) x 4 runs,
+at most 64 minutes. Larger sittings (every mode and arm: --modes recovery night --arms builtin random tpe
+--minutes 85 --transfer-seeds 0 was the default before the transfer, 111 minutes) are chosen with the flags.
 
 **Resumable.** Everything lives in --work (by default a directory named by the settings under
 ~/.cache/autoresearch-research): run the same command again after an interruption (Ctrl-C, a reboot) and it goes on
@@ -41,7 +51,7 @@ where it stopped. A lane's progress is its ledger (experiments begun, counted fr
 JSON line in work/measurements.jsonl once done. A loop killed mid-run is recovered by the next `autoresearch loop`
 (the run in flight recorded as interrupted; its series finishes).
 
-    python benchmarks/research.py                                   # the default: under 2 hours on 2 cores
+    python benchmarks/research.py                                   # the default: a night, then 300 s: < 2 hours
     python benchmarks/research.py --modes night --seeds 8 --minutes 70    # the night alone, resolved finer
     python benchmarks/research.py --budget 5 --experiments 1 --arms builtin --seeds 1   # a smoke test
     python benchmarks/research.py --arms builtin builtin@0dccac2 random    # a researcher's change, before and after
@@ -84,13 +94,15 @@ PLANTED = [
      "logits = self.lm_head(x).float()"),
 ]
 FRESH_SEEDS = [1001, 1002, 1003]  # re-measurements only: the loop's seeds start at 42
+TRANSFER_SEEDS = 2001             # the transfer's fresh seeds: 2001, 2002, ... (never a loop's, never the above)
+TRANSFER_BUDGET = 300.0           # the real budget: what a night's keep must hold at
 # The default setting: 6 lanes sharing 85 minutes of loops at 15 s budgets, then 8 configurations x 3 seeds
 # re-measured (11 minutes on 2026-12-02). A run costs its budget plus ~10-15 s outside it, and one that may be kept
 # ~40 s more (its audit, issue 31); an experiment took 1-4 minutes (a clear loss one run, a close call four), so
 # each lane may overrun its share by that much: 85 + 6 x ~2 + 11 minutes is under two hours.
 DEFAULT_BUDGET = 15.0
 DEFAULT_EXPERIMENTS = 30  # a cap per lane: the minutes end a lane first at the default
-DEFAULT_MINUTES = 85.0
+DEFAULT_MINUTES = 30.0
 
 
 def default_source(compile_: bool) -> str:
@@ -280,6 +292,29 @@ def table(lanes: list[Lane], final: dict[str, list[float]]) -> list[str]:
     return lines
 
 
+def paired_gain(base: list[float], champ: list[float]) -> tuple[float, float | None]:
+    """The champion's gain over the default on paired seeds (positive: better), and its standard error."""
+    diffs = [b - c for b, c in zip(base, champ)]
+    sem = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    return statistics.fmean(diffs), sem
+
+
+def transfer_table(lanes: list, final: dict, transfer: dict, budget: float, longer: float) -> list[str]:
+    """Each night lane's gain at the night's budget beside its gain at the longer one, both on paired fresh seeds:
+    whether the night's gain held (beyond two standard errors at the longer budget), reversed, or is undecided."""
+    lines = [f"| arm | gain at {budget:g} s (paired, {len(final['default'])} seeds) | gain at {longer:g} s (paired, "
+             f"{len(transfer['default'])} seeds) | held? |", "|---|---|---|---|"]
+    for lane in (lane for lane in lanes if lane.mode == "night"):
+        short, short_se = paired_gain(final["default"], final[lane.name])
+        long_, long_se = paired_gain(transfer["default"], transfer[lane.name])
+        verdict = ("no keep to transfer" if lane.champion() == lane.start else
+                   "undecided (one seed)" if long_se is None else
+                   "held" if long_ > 2 * long_se else "reversed" if long_ < -2 * long_se else "not beyond the noise")
+        fmt = lambda g, se: f"{g:+.4f}" + (f" +- {se:.4f}" if se is not None else "")  # noqa: E731
+        lines.append(f"| {lane.arm} | {fmt(short, short_se)} | {fmt(long_, long_se)} | {verdict} |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET,
@@ -287,13 +322,18 @@ def main() -> int:
     parser.add_argument("--experiments", type=int, default=DEFAULT_EXPERIMENTS,
                         help=f"at most this many experiments per lane, the baseline not counted "
                              f"(default {DEFAULT_EXPERIMENTS})")
-    parser.add_argument("--modes", nargs="+", choices=["recovery", "night"], default=["recovery", "night"])
-    parser.add_argument("--arms", nargs="+", default=["builtin", "random", "tpe"])
+    parser.add_argument("--modes", nargs="+", choices=["recovery", "night"], default=["night"])
+    parser.add_argument("--arms", nargs="+", default=["builtin", "random"])
     parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES,
                         help=f"minutes of loops, over every sitting, shared equally by the lanes (default "
                              f"{DEFAULT_MINUTES:g}: with the re-measurement, under 2 hours on 2 cores)")
     parser.add_argument("--seeds", type=int, default=len(FRESH_SEEDS), help="fresh seeds in the re-measurement")
     parser.add_argument("--compile", action="store_true", help="keep torch.compile on (see above)")
+    parser.add_argument("--transfer-budget", type=float, default=TRANSFER_BUDGET,
+                        help="the night lanes' champions and the default, re-measured at this budget too (default "
+                             f"{TRANSFER_BUDGET:g}: the real one): does the night's gain hold at it?")
+    parser.add_argument("--transfer-seeds", type=int, default=4,
+                        help="fresh paired seeds at --transfer-budget (default 4; 0: no transfer)")
     parser.add_argument("--work", help="where the lanes live; the same command resumes there (default: named by "
                                        "the settings, under ~/.cache/autoresearch-research)")
     parser.add_argument("--out", help="JSON lines file (default benchmarks/results/research-<date>.jsonl)")
@@ -330,7 +370,17 @@ def main() -> int:
         for k, source in sources.items():
             final[k].append(done.get(k, seed, source, args.budget, work))
         print(f"{time.strftime('%H:%M:%S')} re-measured seed {seed}", flush=True)
+    # the transfer: the default and each night lane's champion at the longer budget, on other fresh seeds, paired
+    night_lanes = [lane for lane in lanes if lane.mode == "night"]
+    transfer = {k: [] for k in ["default"] + [lane.name for lane in night_lanes]} if night_lanes else {}
+    for seed in range(TRANSFER_SEEDS, TRANSFER_SEEDS + (args.transfer_seeds if night_lanes else 0)):
+        for k in transfer:
+            transfer[k].append(done.get(f"{k}@{args.transfer_budget:g}s", seed, sources[k], args.transfer_budget,
+                                        work))
+        print(f"{time.strftime('%H:%M:%S')} transfer: seed {seed} at {args.transfer_budget:g} s", flush=True)
     record = {"lanes": [lane.summary() for lane in lanes],
+              "transfer": {"budget_s": args.transfer_budget,
+                           "values": {k: [round(v, 6) for v in vs] for k, vs in transfer.items()}},
               "final": {k: [round(v, 6) for v in vs] for k, vs in final.items()}, "seeds": seeds,
               "budget_s": args.budget, "experiments": args.experiments, "compile": args.compile,
               "minutes_this_sitting": round((time.time() - t_start) / 60, 1),
@@ -340,6 +390,8 @@ def main() -> int:
         f.write(json.dumps(record) + "\n")
     print(json.dumps(record), flush=True)
     print("\n".join(table(lanes, final)))
+    if transfer and transfer["default"]:
+        print("\n".join(transfer_table(lanes, final, transfer, args.budget, args.transfer_budget)))
     return 0
 
 
