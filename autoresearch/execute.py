@@ -185,7 +185,8 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
             ctx.repo, run_dir, attempt.seed, timeout, view, clock=clock, threads=tags.threads_per_run(config),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
-            spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
+            spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes,
+            budget=budget if budget != fixed.budget() else None)  # a verification's longer budget (verify.py)
         try:
             training = supervise.run_training(launch, attempt.pending, attempt.pending_path, attempt.on_progress,
                                               attempt.prune)

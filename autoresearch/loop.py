@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags
+from autoresearch import (agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags,
+                          verify)
 from autoresearch.errors import HarnessError, MachineBusy
 from autoresearch.tagconfig import Tag
 
@@ -108,9 +109,13 @@ def main(repo: Path, args, log=print) -> int:
     log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
 
+    # --verify with --hours: the morning's verification (cli.py runs it after the loop) fits in the hours too
+    reserve = (lambda: verify.seconds(repo, config, ledger.read(state.results(repo), config.tag, verification=True))) \
+        if getattr(args, "verify", False) and deadline else (lambda: 0.0)
+
     def may_begin() -> bool:
         return (not stopping and (args.max_experiments is None or begun < args.max_experiments)
-                and (deadline is None or time.time() < deadline))
+                and (deadline is None or time.time() + reserve() < deadline))
 
     def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
         return stopping or stop.pending() or (deadline is not None and time.time() >= deadline)

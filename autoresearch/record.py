@@ -47,7 +47,7 @@ def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status
     fields.setdefault("steps", 0)
     fields.setdefault("seed", 0)
     return ledger.Row(commit=commit[:7], status=status, description=description, tag=tag_config.tag,
-                      run_id=run_id, time=state.now(), budget_s=tag_config.budget_s,
+                      run_id=run_id, time=state.now(), budget_s=fields.pop("budget_s", tag_config.budget_s),
                       wall_s=fields.pop("wall", 0.0), fingerprint=tag_config.fingerprint[:12],
                       clock=tag_config.clock, **fields)
 
@@ -57,8 +57,10 @@ def interrupted_row(config: Tag, job: dict, reason: str) -> ledger.Row:
     ran = Ran(job.get("commit") or job["parent"], job["description"], job["run_id"], job.get("seed", 0),
               job.get("protection", "none"), job.get("config", ""), job.get("repeat", 1),
               {k: job.get(k, "") for k in ("worker", "host", "device")})
-    return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.INTERRUPTED, reason),
-                   decision="interrupted")
+    # a verification's run (verify.py) stays one: never a crash of an experiment
+    return ran.row(config, "verify" if job.get("verify") else "crash",
+                   descriptions.noted(ran.description, descriptions.INTERRUPTED, reason), decision="interrupted",
+                   **({"budget_s": job["budget_s"]} if job.get("budget_s") else {}))
 
 
 def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "") -> float | None:

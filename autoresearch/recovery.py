@@ -39,7 +39,8 @@ def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-r
             path.unlink()
             continue
         config = tagconfig.read(state.tag_file(repo, job['tag']))
-        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config.tag)):
+        if not any(r.run_id == job["run_id"] for r in ledger.read(state.results(repo), config.tag,
+                                                                          verification=True)):
             row = record.interrupted_row(config, job, reason)
             record.record(repo, row)
             recorded.append(row)
@@ -66,13 +67,15 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
         if os.path.ismount(run_dir / bounded):
             scratch.release(run_dir / bounded)
     config = tagconfig.read(state.tag_file(repo, pending['tag']))
-    rows = ledger.read(state.results(repo), config.tag)
+    rows = ledger.read(state.results(repo), config.tag, verification=True)
     row = None
     if not any(r.run_id == pending["run_id"] for r in rows):
         row = record.interrupted_row(config, pending, reason)
         record.record(repo, row)
         log(f"recovered an interrupted experiment ({pending['run_id']}): recorded as crash")
     branch_back(repo, parallel, pending["tag"])
+    if pending.get("verify"):  # a verification's train.py (verify.py) in the work tree: the branch's back
+        git.reset_to(repo, git.head(repo), state.EDITABLE)
     (state.pending_file(repo)).unlink()
     return row
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, ledger, state, tags
+from autoresearch import decide, descriptions, errors, ledger, state, tags, verified
 
 
 def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
@@ -233,7 +233,8 @@ def main(args) -> str:
             branch = git.branch(repo)
             tag = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
     repo = path.parent if (path.parent / ".git").exists() else None
-    rows = ledger.read(path, tag, old_ok=True)  # --json and --html fail where the plot would: same facts, same errors
+    # --json and --html fail where the plot would: same facts, same errors
+    rows = ledger.read(path, tag, old_ok=True, verification=True)
     if not rows:
         raise errors.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
@@ -243,7 +244,11 @@ def main(args) -> str:
             return json.dumps(data, indent=1)
         Path(args.html).write_text(dashboard.page(facts.attach_details(data, repo)), encoding="utf-8")
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
+    every, rows = rows, [r for r in rows if r.status != "verify"]  # a verification's runs: its table alone
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
     tests = test_scores(decide.finished(rows), state.runs_dir(path.parent))
-    return summarize(rows, tests, groups) + f"\nplot: {out}"
+    tables = [verified.text(verified.table([r for r in every if r.tag == t],
+                                           verified.read_state(repo, t).get("notes")))
+              for t in dict.fromkeys(r.tag for r in every if r.status == "verify")]
+    return "\n".join([summarize(rows, tests, groups), *tables, f"plot: {out}"])
