@@ -249,14 +249,14 @@ def _command(args) -> int:
     if args.command == "stop":
         from autoresearch import dashboard
         held, holder = lock.is_held(state.state_dir(repo)), lock.holder(state.state_dir(repo) / lock.LOCK_NAME)
-        if not held or "autoresearch loop" not in holder:
+        if not held or not ("autoresearch loop" in holder or "autoresearch verify" in holder):
             print("no loop is running here; nothing to stop" + (
                 f" ({holder} ends after its experiment anyway)" if held else ""))
             return OK
         state.stop_file(repo).parent.mkdir(parents=True, exist_ok=True)
         state.stop_file(repo).touch()
-        print(f"asked {holder} to stop after the experiment in flight "
-              "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
+        print(f"asked {holder} to stop after the experiment in flight (a loop reads it between experiments, a "
+              "verification between runs; Ctrl-C in its terminal stops it now)")
         return OK
     if args.command == "agent":
         from autoresearch import broker

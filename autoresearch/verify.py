@@ -219,8 +219,14 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
     log(f"verifying champion {the_plan.champion[:7]}: {len(the_plan.runs)} runs planned, "
         f"{len(the_plan.runs) - len(todo)} already recorded")
     fixed_half = fixed.of_tag(repo, config)
+    state.stop_file(repo).unlink(missing_ok=True)  # a stop asked before this verification began is forgotten
     for i, p in enumerate(todo, len(the_plan.runs) - len(todo) + 1):
         write_state(repo, config.tag, the_plan, i - 1)
+        if state.stop_file(repo).exists():  # `autoresearch stop`, the dashboard's button: between two runs
+            state.stop_file(repo).unlink(missing_ok=True)
+            log(f"stopping: asked to (.autoresearch/stop) after {i - 1} of {len(the_plan.runs)} runs; "
+                "`autoresearch verify` again continues")
+            return 0
         log(f"verify {i}/{len(the_plan.runs)}: {p.description}, seed {p.seed}, {p.budget:g} s")
         if config.clock == "wall":
             run.wait_until_quiet(repo, log, None)

@@ -4,10 +4,12 @@ report and the dashboard's page."""
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import cli, sh
+from conftest import STALL_ROOM, cli, sh
 from test_dashboard import browser, wait_until
 
 from autoresearch import descriptions, ledger, record, tagconfig, verified
@@ -97,6 +99,21 @@ def test_the_table_pairs_seeds_and_says_what_is_not_distinguishable():
     assert one["sem"] is None and not one["distinguishable"]
 
 
+def test_a_recorded_run_is_never_planned_again_an_interrupted_one_is():
+    from autoresearch import verify
+    p = verify.Planned(descriptions.verification("a" * 40, "champion"), "", 42, 20)
+
+    def row(description, decision="verification", seed=42, budget=20.0, status="verify"):
+        return ledger.Row("abc1234", 0.0, 0.0, status, description, "v", "r", "t", budget, 0, 0.0, "f", seed,
+                          decision=decision)
+    assert verify.done([row(p.description)], p)
+    assert verify.done([row(descriptions.noted(p.description, descriptions.CRASH, "exit status 1"))], p)
+    assert not verify.done([row(descriptions.noted(p.description, descriptions.INTERRUPTED, "killed"),
+                                decision="interrupted")], p)
+    assert not verify.done([row(p.description, seed=43)], p) and not verify.done([row(p.description, budget=40)], p)
+    assert not verify.done([row(p.description, status="keep")], p)
+
+
 @pytest.mark.slow
 def test_verify_ablates_two_keeps_survives_a_kill_and_shows_its_table(repo, env):
     env = dict(env, AUTORESEARCH_TIME_BUDGET="20")
@@ -164,8 +181,19 @@ def test_verify_ablates_two_keeps_survives_a_kill_and_shows_its_table(repo, env)
 def test_verify_transfers_to_a_longer_budget_on_fresh_seeds(repo, env):
     env = dict(env, AUTORESEARCH_TIME_BUDGET="20")
     night(repo, env)
+    # stopped by `autoresearch stop` (the dashboard's button) after its first run; then it continues
+    proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "verify", "--no-ablation"], cwd=repo, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = proc.stdout.readline()
+    while first and not first.startswith("verify 1/8"):
+        first = proc.stdout.readline()
+    assert "asked `autoresearch verify`" in cli(repo, "stop", env=env).stdout
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=STALL_ROOM) == 0 and "stopping: asked to" in rest, rest
+    assert len([r for r in rows_of(repo) if r.status == "verify"]) == 1
     out = cli(repo, "verify", "--no-ablation", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "8 runs planned, 1 already recorded" in out.stdout
     rows = [r for r in rows_of(repo) if r.status == "verify"]
     assert sorted((r.budget_s, r.seed, descriptions.parse_verification(r.description)["arm"]) for r in rows) == \
         sorted((b, s, a) for b in (20, 40) for s in (1000, 1001) for a in ("base", "champion"))
