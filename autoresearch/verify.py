@@ -207,7 +207,10 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
     config = tags.load_tag(repo)
     fixed.check_contract()
     recovery.recover(repo, log)
-    protection = sandbox.protection(tags.sandbox_mode_of(config))
+    try:
+        protection = sandbox.protection(tags.sandbox_mode_of(config))
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
     rows = ledger.read(state.results(repo), config.tag, verification=True)
     the_plan = plan(repo, config, rows, options)
     problem = run.admission(repo, config, protection, config.decision or "stat", None, git.changed_files(repo))

@@ -178,30 +178,36 @@ def test_verify_ablates_two_keeps_survives_a_kill_and_shows_its_table(repo, env)
 
 
 @pytest.mark.slow
-def test_verify_transfers_to_a_longer_budget_on_fresh_seeds(repo, env):
+def test_verify_transfers_to_a_longer_budget_and_a_larger_model_on_fresh_seeds(repo, env):
     env = dict(env, AUTORESEARCH_TIME_BUDGET="20")
     night(repo, env)
+    command = ["verify", "--no-ablation", "--scale", "DEPTH=2"]
     # stopped by `autoresearch stop` (the dashboard's button) after its first run; then it continues
-    proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "verify", "--no-ablation"], cwd=repo, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", *command], cwd=repo, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first = proc.stdout.readline()
-    while first and not first.startswith("verify 1/8"):
+    while first and not first.startswith("verify 1/12"):
         first = proc.stdout.readline()
     assert "asked `autoresearch verify`" in cli(repo, "stop", env=env).stdout
     rest = proc.stdout.read()
     assert proc.wait(timeout=STALL_ROOM) == 0 and "stopping: asked to" in rest, rest
     assert len([r for r in rows_of(repo) if r.status == "verify"]) == 1
-    out = cli(repo, "verify", "--no-ablation", env=env)
+    out = cli(repo, *command, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "8 runs planned, 1 already recorded" in out.stdout
+    assert "12 runs planned, 1 already recorded" in out.stdout
     rows = [r for r in rows_of(repo) if r.status == "verify"]
-    assert sorted((r.budget_s, r.seed, descriptions.parse_verification(r.description)["arm"]) for r in rows) == \
-        sorted((b, s, a) for b in (20, 40) for s in (1000, 1001) for a in ("base", "champion"))
+    arms = [(r.budget_s, r.seed, descriptions.parse_verification(r.description)["arm"],
+             descriptions.parse_verification(r.description)["scale"]) for r in rows]
+    assert sorted(arms) == sorted((b, s, a, scale) for b, scale in ((20, ""), (40, ""), (40, "DEPTH=2"))
+                                  for s in (1000, 1001) for a in ("base", "champion"))
     assert all(r.val_bpb > 0 for r in rows), out.stdout
-    longer = [r for r in rows if r.budget_s == 40]
-    logs = [(repo / ".autoresearch/runs" / r.run_id / "run.log").read_text() for r in longer]
-    assert all("budget=40s" in log for log in logs)  # the training ran at the longer budget
+    logs = {r.run_id: (repo / ".autoresearch/runs" / r.run_id / "run.log").read_text() for r in rows}
+    assert all("budget=40s" in logs[r.run_id] for r in rows if r.budget_s == 40)  # trained at the longer budget
+    params = {r.run_id: int(re.search(r"params=([\d,]+)", logs[r.run_id])[1].replace(",", "")) for r in rows}
+    scaled = [params[r.run_id] for r in rows if "scaled" in r.description]
+    assert max(scaled) < min(params[r.run_id] for r in rows if "scaled" not in r.description)  # 2 layers, not 4
     table = verified.table(rows_of(repo))
-    assert [(t["budget_s"], t["recorded"], t["n"]) for t in table["transfer"]] == [(20, True, 2), (20, False, 2),
-                                                                                    (40, False, 2)]
+    assert [(t["budget_s"], t["scale"], t["recorded"], t["n"]) for t in table["transfer"]] == [
+        (20, "", True, 2), (20, "", False, 2), (40, "", False, 2), (40, "DEPTH=2", False, 2)]
     assert re.search(r"at 40 s, fresh seeds: [+-]\d\.\d{6}", out.stdout), out.stdout
+    assert re.search(r"at 40 s scaled DEPTH=2, fresh seeds: [+-]\d\.\d{6}", out.stdout), out.stdout
