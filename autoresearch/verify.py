@@ -213,7 +213,11 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
         raise HarnessError(str(e)) from None
     rows = ledger.read(state.results(repo), config.tag, verification=True)
     the_plan = plan(repo, config, rows, options)
-    problem = run.admission(repo, config, protection, config.decision or "stat", None, git.changed_files(repo))
+    changed = git.changed_files(repo)
+    if EDITABLE in changed:  # each run writes train.py, and puts the branch's back after it: an edit would be lost
+        raise HarnessError(f"{EDITABLE} has changes not committed; the verification writes it for each run. Set them "
+                           "aside (`git stash`), verify, then `git stash pop`")
+    problem = run.admission(repo, config, protection, config.decision or "stat", None, changed)
     if problem:
         raise HarnessError(f"verification refused: {problem}")
     todo = [p for p in the_plan.runs if not done(rows, p)]

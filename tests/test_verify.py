@@ -211,3 +211,35 @@ def test_verify_transfers_to_a_longer_budget_and_a_larger_model_on_fresh_seeds(r
         (20, "", True, 2), (20, "", False, 2), (40, "", False, 2), (40, "DEPTH=2", False, 2)]
     assert re.search(r"at 40 s, fresh seeds: [+-]\d\.\d{6}", out.stdout), out.stdout
     assert re.search(r"at 40 s scaled DEPTH=2, fresh seeds: [+-]\d\.\d{6}", out.stdout), out.stdout
+
+
+def test_what_cannot_be_verified_is_a_clear_error_and_nothing_runs(repo, env):
+    assert cli(repo, "setup", "--tag", "v", env=env).returncode == 0
+    config = tagconfig.read(repo / ".autoresearch/tags/v.json")
+    base = sh(repo, "git", "rev-parse", "HEAD")
+    blob = sh(repo, "git", "rev-parse", "HEAD:train.py")[:12]
+    ledger.append(repo / "results.tsv", record.make_row(config, base, "baseline", "r0", "keep", val_bpb=3.0, seed=42,
+                                                        config=blob, decision="baseline 1/3"))
+    out = cli(repo, "verify", env=env)  # the baseline's series is unfinished (1 run of 3)
+    assert out.returncode == 2 and "series is unfinished" in out.stderr, out.stderr
+    for i in (2, 3):
+        ledger.append(repo / "results.tsv", record.make_row(config, base, descriptions.repeated("baseline", i),
+                                                            f"r{i}", "keep", val_bpb=3.0, seed=41 + i, config=blob,
+                                                            decision=f"baseline {i}/3"))
+    out = cli(repo, "verify", env=env)
+    assert out.returncode == 2 and "kept nothing beyond its baseline: nothing to verify" in out.stderr, out.stderr
+    (repo / "train.py").write_text((repo / "train.py").read_text().replace("MATRIX_LR = 0.04", "MATRIX_LR = 0.05"))
+    kept = commit(repo, "MATRIX_LR 0.04 -> 0.05")
+    ledger.append(repo / "results.tsv", record.make_row(
+        config, kept, "MATRIX_LR 0.04 -> 0.05", "r4", "keep", val_bpb=2.9, seed=42,
+        config=sh(repo, "git", "rev-parse", "HEAD:train.py")[:12], decision="P 0.99 >= 0.98 after 2 runs"))
+    out = cli(repo, "verify", "--budget", "301", env=env)
+    assert out.returncode == 2 and "runs at most 300 s" in out.stderr, out.stderr
+    out = cli(repo, "verify", "--scale", "NO_SUCH=3", env=env)
+    assert out.returncode == 2 and "--scale NO_SUCH=3: train.py has no constant NO_SUCH" in out.stderr, out.stderr
+    edited = (repo / "train.py").read_text() + "# mine, not committed\n"
+    (repo / "train.py").write_text(edited)
+    out = cli(repo, "verify", env=env)
+    assert out.returncode == 2 and "git stash" in out.stderr, out.stderr
+    assert (repo / "train.py").read_text() == edited  # never overwritten
+    assert not [r for r in rows_of(repo) if r.status == "verify"]
