@@ -96,7 +96,8 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None, re
     for i, r in enumerate(every, 1):
         row = {c: getattr(r, c) for c in ledger.COLUMNS}
         row["index"] = i
-        row["delta"] = (r.val_bpb - champion["mean"]) if champion and r.val_bpb > 0 else None
+        # a verification's run is at its own seeds and budget: no difference to the night's champion to show
+        row["delta"] = (r.val_bpb - champion["mean"]) if champion and r.val_bpb > 0 and r.status != "verify" else None
         table.append(row)
     return {
         "tag": tag,
