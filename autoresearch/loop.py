@@ -109,13 +109,24 @@ def main(repo: Path, args, log=print) -> int:
     log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
 
-    # --verify with --hours: the morning's verification (cli.py runs it after the loop) fits in the hours too
-    reserve = (lambda: verify.seconds(repo, config, ledger.read(state.results(repo), config.tag, verification=True))) \
-        if getattr(args, "verify", False) and deadline else (lambda: 0.0)
+    reserved = []  # --verify with --hours: the seconds kept for the verification, once said
+
+    def in_time() -> bool:
+        """Whether --hours leaves time for an experiment, and with --verify for the morning's verification after
+        it (cli.py runs it once the loop ends)."""
+        if deadline is None:
+            return True
+        if not getattr(args, "verify", False):
+            return time.time() < deadline
+        needed = verify.seconds(repo, config, ledger.read(state.results(repo), config.tag, verification=True))
+        if time.time() + needed >= deadline and not reserved and time.time() < deadline:
+            reserved.append(needed)
+            log(f"stopping: the verification (--verify) needs about {needed / 60:.0f} min of the hours left; no new "
+                "experiment begins")
+        return time.time() + needed < deadline
 
     def may_begin() -> bool:
-        return (not stopping and (args.max_experiments is None or begun < args.max_experiments)
-                and (deadline is None or time.time() + reserve() < deadline))
+        return (not stopping and (args.max_experiments is None or begun < args.max_experiments) and in_time())
 
     def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
         return stopping or stop.pending() or (deadline is not None and time.time() >= deadline)

@@ -168,9 +168,13 @@ def test_verify_ablates_two_keeps_survives_a_kill_and_shows_its_table(repo, env)
     finally:
         page.quit()
 
-    # the end of a loop: `loop --verify` runs the verification's defaults, whose ablation is recorded already
-    night_end = cli(repo, "loop", "--max-experiments", "0", "--verify", env=env)
+    # the end of a loop: `loop --hours --verify` begins no experiment the verification's time would not leave room
+    # for (its 8 transfer runs, 4 at twice the budget, and 2 runs of an experiment, at the ledger's spacing of ~4 s
+    # a run: about 1 min, more than the 18 s given), then runs the
+    # verification's defaults, whose ablation is recorded already
+    night_end = cli(repo, "loop", "--hours", "0.005", "--verify", env=env)
     assert night_end.returncode == 0, night_end.stdout + night_end.stderr
+    assert "stopping: the verification (--verify) needs about" in night_end.stdout, night_end.stdout
     assert "14 runs planned, 6 already recorded" in night_end.stdout and "verify 14/14" in night_end.stdout
     transfer = [r for r in rows_of(repo) if r.status == "verify" and "transfer" in r.description]
     assert sorted((r.budget_s, r.seed) for r in transfer) == sorted([(b, s) for b in (20, 40) for s in (1000, 1001)] * 2)
