@@ -152,7 +152,7 @@ class ExternalAgent(proposer.Proposer):
     def propose(self, ask: proposer.Ask = proposer.Ask()) -> str:
         """One session of the agent: its change to train.py, described."""
         private = Path(tempfile.mkdtemp(prefix="autoresearch-agent-"))  # the session's private state, gone after it
-        # confined, it holds no more memory than memcap allows: in the parallel loop it proposes beside a training
+        # confined, it holds no more memory than agentcgroup.Cap allows: in the parallel loop it proposes beside a training
         cap = agentcgroup.Cap(private.name) if self.confined() else None
         start, self.printed = state.now(), []
         try:

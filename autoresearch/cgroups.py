@@ -105,7 +105,7 @@ UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def size_from_env(name: str, advice: str) -> int | None:
     """The bytes an environment variable gives (512M, 8G, 4096), None where it is unset or empty; a clear error
-    naming `advice` (what to give) for anything else. The one parser of every size the user sets (memcap's,
+    naming `advice` (what to give) for anything else. The one parser of every size the user sets (the agent cap's,
     runcgroup's, scratch's)."""
     text = os.environ.get(name, "").strip().lower()
     if not text:

@@ -12,6 +12,8 @@
   autoresearch loop [--agent NAME]      experiments one after another, proposed by an agent
   autoresearch loop --workers N         N experiments side by side on Ray workers (--ray-address: a cluster)
   autoresearch stop                     the loop stops after the experiment in flight (the dashboard's button)
+  autoresearch verify                   the morning's check of the champion: what each keep contributes, and
+                                        the gain at a longer budget (or --scale: a larger model); docs/verify.md
   autoresearch best                     the champion: mean +- sem, test_bpb, its diff, its exported model
   autoresearch sample                   text written by the champion's exported model
   autoresearch clean                    what can be deleted and how much (--yes deletes it)
@@ -124,6 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "workers; a tag keeps the count it started with)")
     p.add_argument("--decision", help=DECISION_HELP + "; a new tag's, else the tag's")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], help=SANDBOX_HELP + "; a new tag's, else the tag's")
+    p.add_argument("--verify", action="store_true", help="when the loop ends (--hours, --max-experiments, the stop "
+                   "button), verify its champion (`autoresearch verify` with its defaults)")
+    p = sub.add_parser("verify", help="the champion without each keep, and beside the tag's base at a longer budget: "
+                       "which keeps carry the gain and whether it transfers; runs recorded as verification, resumable")
+    p.add_argument("--seeds", type=int, help="ablation: seeds per keep (default: the champion's own, at least 2)")
+    p.add_argument("--transfer-seeds", type=int, default=2, help="transfer: fresh seeds per pair (default 2)")
+    p.add_argument("--budget", type=seconds, help="transfer: the longer budget in seconds (default 2x the tag's, at "
+                   "most the fixed half's 300 s)")
+    p.add_argument("--scale", metavar="NAME=VALUE", default="", help="transfer: also both train.py with this "
+                   "constant (a larger model, e.g. DEPTH=12), at the longer budget")
+    p.add_argument("--no-ablation", dest="ablation", action="store_false", help="skip the ablation")
+    p.add_argument("--no-transfer", dest="transfer", action="store_false", help="skip the transfer")
     p = sub.add_parser("agent", help="start any agent (default: your shell) confined: no validation or test rows "
                        "within its reach, only train.py writable; `autoresearch run/wait/status/best` work inside")
     p.add_argument("--allow", action="append", default=[], metavar="PATH",
@@ -164,7 +178,7 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from autoresearch import background, processes
-    if args.command in ("run", "loop", "try"):  # they start trainings, which may run as this user (docs/integrity.md)
+    if args.command in ("run", "loop", "try", "verify"):  # they start trainings, which may run as this user (docs/integrity.md)
         processes.not_dumpable()
     code = FAILED
     try:
@@ -225,7 +239,7 @@ def _command(args) -> int:
         code, text = background.detach(repo, args.argv)
         print(text, file=sys.stdout if code == OK else sys.stderr)
         return code
-    if args.command in ("setup", "run", "loop", "try"):
+    if args.command in ("setup", "run", "loop", "try", "verify"):
         with state.RepoLock(state.state_dir(repo), f"autoresearch {args.command}"):
             # an agent started with `autoresearch agent` is paused while anything here trains (pause.py)
             with pause.paused(repo) if args.command != "setup" else contextlib.nullcontext():
@@ -237,14 +251,14 @@ def _command(args) -> int:
     if args.command == "stop":
         from autoresearch import dashboard
         held, holder = state.is_held(state.state_dir(repo)), state.holder(state.state_dir(repo) / state.LOCK_NAME)
-        if not held or "autoresearch loop" not in holder:
+        if not held or not ("autoresearch loop" in holder or "autoresearch verify" in holder):
             print("no loop is running here; nothing to stop" + (
                 f" ({holder} ends after its experiment anyway)" if held else ""))
             return OK
         state.stop_file(repo).parent.mkdir(parents=True, exist_ok=True)
         state.stop_file(repo).touch()
-        print(f"asked {holder} to stop after the experiment in flight "
-              "(a loop reads it between experiments; Ctrl-C in its terminal stops it now)")
+        print(f"asked {holder} to stop after the experiment in flight (a loop reads it between experiments, a "
+              "verification between runs; Ctrl-C in its terminal stops it now)")
         return OK
     if args.command == "agent":
         from autoresearch import broker
@@ -306,11 +320,26 @@ def _change_state(repo: Path, args) -> int:
         outcomes = run.run_series(repo, args.message, options, on_outcome=lambda o: print(run.summary(o), flush=True))
         return FAILED if outcomes[-1].row.status in ("crash", "refused") else OK
     from autoresearch import loop
+    if args.command == "verify":
+        return verify(repo, args)
     loop.ensure_data()
     if loop.parallel(args):
         from autoresearch import cluster
-        return cluster.main(repo, args)
-    return loop.main(repo, args)
+        code = cluster.main(repo, args)
+    else:
+        code = loop.main(repo, args)
+    return verify(repo, None) if code == OK and args.verify else code
+
+
+def verify(repo: Path, args) -> int:
+    """`autoresearch verify`, or its defaults at the end of `loop --verify` (args None)."""
+    from autoresearch import errors, loop, verify
+    options = verify.Options() if args is None else verify.Options(
+        seeds=args.seeds, transfer_seeds=args.transfer_seeds, budget=args.budget, scale=args.scale,
+        ablation=args.ablation, transfer=args.transfer)
+    if (options.seeds is not None and options.seeds < 1) or options.transfer_seeds < 1:
+        raise errors.HarnessError("--seeds and --transfer-seeds: at least 1")
+    return verify.main(repo, options, progress=loop.Progress)
 
 
 if __name__ == "__main__":

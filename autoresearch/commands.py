@@ -22,17 +22,23 @@ def status(repo: Path) -> str:
 
     config = tags.load_tag(repo)
     damaged = []
-    rows = ledger.read(state.results(repo), config.tag, damaged=damaged)
+    rows = ledger.read(state.results(repo), config.tag, damaged=damaged, verification=True)
     counts = {s: sum(r.status == s for r in rows) for s in ledger.STATUSES}
     from autoresearch import facts, machine, report
     hw = f" | {machine.describe(config.hardware)}" if config.hardware else ""
     lines = [f"branch {git.branch(repo)} | budget {config.budget_s:g} s on the {config.clock} clock | "
              f"fingerprint {config.fingerprint[:12]}{hw}", report.champion_text(rows, report.configurations(rows, repo)),
-             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES if counts[s] or s != "control")]
+             "runs: " + ", ".join(f"{counts[s]} {s}" for s in ledger.STATUSES
+                                  if counts[s] or s not in ("control", "verify"))]
     for r in rows[-8:]:
         lines.append(f"  {r.commit}  {r.val_bpb:.6f}  {r.memory_gb:5.1f}  {r.status:8s} "
                      f"{f'[{r.worker}] ' if r.worker else ''}{r.description}"
                      + (f"  ({r.decision})" if r.decision and r.decision != "interrupted" else ""))
+    from autoresearch import verified
+    progress = verified.read_state(repo, config.tag)
+    if progress or any(r.status == "verify" for r in rows):
+        lines.append(verified.text(verified.table(rows, progress.get("notes")))
+                     + (f"\n  ({progress['finished']}/{progress['planned']} planned runs done)" if progress else ""))
     pending = recovery.read_pending(repo)
     if pending is not None:
         if state.is_held(state.state_dir(repo)):

@@ -6,7 +6,9 @@ A description is a move, then the notes the harness appends:
 - the move: `idea NAME: key=value, ...` (an idea of the catalog, ideas.py), followed by WHOLE_SITE when the idea
   rewrites a site no variant matched; `NAME old -> new, NAME2 old -> new` (hyperparameter constants: the
   built-in proposers); `baseline`, or `baseline (try N)` after the baseline crashed; `control for CONFIG: MOVE`
-  (the tag's base run beside candidate CONFIG under the control rule, decide.py); or anything an agent or a
+  (the tag's base run beside candidate CONFIG under the control rule, decide.py); `verify CHAMP: without KEEP
+  (MOVE)`, `verify CHAMP: champion`, `verify CHAMP: transfer base|champion[ scaled NAME=VALUE]` (a verification's
+  runs, status `verify`: verify.py); or anything an agent or a
   person wrote (on one line: run.py and driver.py fold its white space, `clean`);
 - the notes: ` [run N]` (the N-th run of a series), ` [crash: REASON]`, ` [refused: REASON]`,
   ` [interrupted: REASON]` (record.py, run.py, driver.py), ` [agent ...]` (what the harness undid after an
@@ -28,6 +30,9 @@ WHOLE_SITE = " (rewrites its whole site)"  # a move on a site no variant matched
 IDEA_RE = re.compile(r"^idea (\w+): (.*)$")
 CONTROL_RE = re.compile(r"^control for ([^\s:]+): ")  # a control run: the candidate configuration it is beside
 CONSTANT_RE = re.compile(r"^([A-Z][A-Z0-9_]*) (.+?) -> (.+)$")  # the constant moves' "NAME old -> new"
+# a verification's run: the champion it verifies, and what ran (verify.py)
+VERIFY_RE = re.compile(r"^verify ([0-9a-f]{7}): (?:without ([0-9a-f]{7}) |(champion)|transfer (base|champion))"
+                       r"(?: scaled (\S+))?")
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -64,6 +69,25 @@ def control(config: str, description: str) -> str:
     """The description of a control run: the tag's base run beside candidate `config` (whose move was
     `description`) on the seed of its next pair (decide.py's control rule)."""
     return f"control for {config}: {move_text(description)}"
+
+
+def verification(champion: str, kind: str, arm: str = "", move: str = "", scale: str = "") -> str:
+    """The description of a verification's run of champion commit `champion`: kind ablate (the champion without
+    keep `arm`, whose move was `move`), champion (the champion itself on a seed it lacks) or transfer (arm base
+    or champion, at a longer budget, `scale` a constant's NAME=VALUE)."""
+    text = {"ablate": f"without {arm[:7]} ({move_text(move)})", "champion": "champion",
+            "transfer": f"transfer {arm}"}[kind]
+    return f"verify {champion[:7]}: {text}" + (f" scaled {scale}" if scale else "")
+
+
+def parse_verification(description: str) -> dict | None:
+    """{champion, kind, arm, scale} of a description verification() wrote, else None."""
+    m = VERIFY_RE.match(description)
+    if not m:
+        return None
+    champ, keep, itself, arm, scale = m.groups()
+    kind = "ablate" if keep else "champion" if itself else "transfer"
+    return {"champion": champ, "kind": kind, "arm": keep or arm or "champion", "scale": scale or ""}
 
 
 def assignments(params: dict) -> str:

@@ -170,7 +170,8 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
             threads=config.threads_per_run(),
             wrap=((lambda argv: sandbox.wrap(argv, ctx.repo, run_dir, half.cache, half.manifest))
                   if ctx.protection == "bwrap" else None),
-            spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes)
+            spare=(evaluator.proc.pid,) if evaluator.proc else (), cgroup=cgroup, file_limit=config.out_limit_bytes,
+            budget=config.budget_s if config.budget_s != fixed.budget() else None)  # a verification's longer budget (verify.py)
         try:
             training = supervise.run_training(launch, attempt.pending, attempt.on_progress, attempt.prune)
         finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import fmean
 
 from autoresearch import (decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig,
-                          tokens)
+                          tokens, verified)
 
 
 class BadQuery(ValueError):
@@ -50,7 +50,8 @@ def in_flight(repo: Path) -> list[dict]:
             text = log.read_text(errors="replace")
         except OSError:
             text = ""
-        out.append(dict(run_id=trial.run_id, tag=trial.tag, description=trial.description, started=trial.started, worker="",
+        out.append(dict(run_id=trial.run_id, tag=trial.tag, description=trial.description, started=trial.started,
+                        budget_s=trial.budget_s, worker="",
                         **parse_log(text)))
     for path in sorted(state.inflight_dir(repo).glob("*.json")):
         try:
@@ -68,15 +69,10 @@ def in_flight(repo: Path) -> list[dict]:
     return out
 
 
-def _seconds(stamp: str) -> float | None:
-    try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
-    except (TypeError, ValueError):
-        return None
-
-
-def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) -> dict:
-    """One tag: its champion and noise, per-hour rates, and every row with its delta to the champion."""
+def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None, repo: Path | None = None) -> dict:
+    """One tag: its champion and noise, per-hour rates, and every row with its delta to the champion; its
+    verification's table (verified.py), whose rows are listed but never counted as experiments."""
+    every, rows = rows, [r for r in rows if r.status != "verify"]
     values = decide.samples(rows)
     noise = decide.pooled_noise(values)
     champ = decide.champion(rows)
@@ -86,7 +82,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) ->
         champion = {"commit": champ.commit, "config": champ.config, "mean": fmean(champ_values), "n": len(champ_values),
                     "sem": decide.sem(champ_values, noise) if noise else None,
                     "description": descriptions.base_description(champ.description)}
-    times = [t for t in (_seconds(r.time) for r in rows) if t is not None]
+    times = [t for t in (state.parse_time(r.time) for r in rows) if t is not None]
     first = min(times) - (rows[0].wall_s or 0) if times else None
     hours = (max(times) - first) / 3600 if times else 0.0
     configs = {r.key for r in rows if r.status != "refused"}
@@ -95,14 +91,15 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) ->
         if r.status in ("keep", "discard", "pruned") and not r.decision.startswith("baseline"):
             decided[r.key] = "discard" if r.status == "pruned" else r.status
     frontier = []
-    for i, r in enumerate(rows, 1):
+    for i, r in enumerate(every, 1):  # numbered as the table's rows are
         if r.status == "keep" and r.mean is not None:
             frontier.append({"run": i, "mean": r.mean, "sem": r.sem, "commit": r.commit})
     table = []
-    for i, r in enumerate(rows, 1):
+    for i, r in enumerate(every, 1):
         row = {c: getattr(r, c) for c in ledger.COLUMNS}
         row["index"] = i
-        row["delta"] = (r.val_bpb - champion["mean"]) if champion and r.val_bpb > 0 else None
+        # a verification's run is at its own seeds and budget: no difference to the night's champion to show
+        row["delta"] = (r.val_bpb - champion["mean"]) if champion and r.val_bpb > 0 and r.status != "verify" else None
         table.append(row)
     return {
         "tag": tag,
@@ -114,7 +111,7 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) ->
         "flagged": [{"run_id": r.run_id, "commit": r.commit, "status": r.status, "flags": r.flags}
                     for r in rows if r.flags],
         "noise": {"sigma": noise.sigma, "df": noise.df} if noise else None,
-        "counts": {s: sum(r.status == s for r in rows) for s in ledger.STATUSES},
+        "counts": {s: sum(r.status == s for r in every) for s in ledger.STATUSES},
         "runs": len(rows), "experiments": len(configs),
         "hours": round(hours, 3),
         "experiments_per_hour": round(len(configs) / hours, 2) if hours > 0 else None,
@@ -122,7 +119,19 @@ def tag_facts(tag: str, rows: list[ledger.Row], config: tagconfig.Tag | None) ->
         "training_hours": round(sum(r.wall_s for r in rows) / 3600, 3),
         "frontier": frontier,
         "rows": table,
+        "verification": verification(tag, every, repo),
     }
+
+
+def verification(tag: str, rows: list[ledger.Row], repo: Path | None) -> dict | None:
+    """The verification's table, its progress (verify.py's state file) and its text."""
+    progress = verified.read_state(repo, tag)
+    data = verified.table(rows, progress.get("notes"))
+    if data is None and not progress:
+        return None
+    data = data or {"champion": progress.get("champion"), "runs": 0, "ablation": [], "transfer": [],
+                    "notes": progress.get("notes", [])}
+    return dict(data, planned=progress.get("planned"), finished=progress.get("finished"), text=verified.text(data))
 
 
 def _tag_configs(repo: Path | None) -> dict[str, tagconfig.Tag]:
@@ -144,7 +153,7 @@ def facts(path: Path, repo: Path | None, tag: str | None = None, prices: dict | 
     rows, problem = [], None
     if path.exists():  # no ledger yet: no experiments yet, not an error
         try:
-            rows = ledger.read(path, None, damaged=damaged, old_ok=True)
+            rows = ledger.read(path, None, damaged=damaged, old_ok=True, verification=True)
         except ledger.LedgerError as e:
             problem = str(e)
     configs = _tag_configs(repo)
@@ -160,8 +169,9 @@ def facts(path: Path, repo: Path | None, tag: str | None = None, prices: dict | 
     tables = []
     for t in names:
         mine = [r for r in rows if r.tag == t]
-        tables.append(tag_facts(t, mine, configs.get(t)))
-        tables[-1]["agent_tokens"] = tokens.bill(repo, t, mine, prices) if repo is not None else None
+        tables.append(tag_facts(t, mine, configs.get(t), repo))
+        experiments = [r for r in mine if r.status != "verify"]  # what an agent's session proposed and ran
+        tables[-1]["agent_tokens"] = tokens.bill(repo, t, experiments, prices) if repo is not None else None
     return {
         "generated": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "results": str(path),

@@ -9,7 +9,9 @@ A configuration (one train.py, named by its git blob in `config`) may run severa
 that it beats the champion, and `decision` why the row has its status (decide.py). Status `confirm` means "more
 runs of this configuration follow"; the last row of a series says keep or discard. Status `control` (the
 control rule) is a run of the tag's base train.py made beside a candidate's run on the same seed: evidence for that
-candidate's decision only, never one of the champion's runs.
+candidate's decision only, never one of the champion's runs. Status `verify` (verify.py) is a run of
+`autoresearch verify`: the champion without one of its keeps, or the champion and the tag's base at a longer
+budget; never an experiment, never one of any configuration's runs, never moving the branch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ OLD_HEADERS = {"\t".join(COLUMNS[:13]) + "\n": "0.1 (before the harness evaluate
 # (the missing columns are dropped from new rows), so that a tag started before an upgrade goes on.
 EXTENDABLE = {"\t".join(COLUMNS[:23]) + "\n": "0.3 (before parallel workers)",
               "\t".join(COLUMNS[:26]) + "\n": "0.4 (before outside_s, test_bpb and flags)"}
-STATUSES = ("keep", "discard", "pruned", "confirm", "control", "crash", "refused")
+STATUSES = ("keep", "discard", "pruned", "confirm", "control", "crash", "refused", "verify")
 
 
 class LedgerError(RuntimeError):
@@ -162,8 +164,11 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def read(path: Path, tag: str | None = None, damaged: list | None = None, old_ok: bool = False) -> list[Row]:
-    """All well-formed rows (of one tag, if given); the file is never rewritten. A torn line (fewer columns:
+def read(path: Path, tag: str | None = None, damaged: list | None = None, old_ok: bool = False,
+         verification: bool = False) -> list[Row]:
+    """All well-formed rows (of one tag, if given); the file is never rewritten. A verification's rows (status
+    `verify`) only when `verification`: every reader of experiments (the rules, the schedule, the proposers, an
+    agent's prompt) gets none, so none is ever counted as one. A torn line (fewer columns:
     a write cut short) is skipped and reported in `damaged`. A line with every column but a value that does
     not parse is an error naming its line, unless `damaged` is given (read-only callers such as status):
     skipping it silently could skip a kept result."""
@@ -183,7 +188,7 @@ def read(path: Path, tag: str | None = None, damaged: list | None = None, old_ok
                 if damaged is not None:
                     damaged.append(problem + (" (skipped: a torn write)" if torn else " (skipped)"))
                 continue
-            if tag is None or row.tag == tag:
+            if (tag is None or row.tag == tag) and (verification or row.status != "verify"):
                 rows.append(row)
     return rows
 

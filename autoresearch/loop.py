@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags, tokens
+from autoresearch import (agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags, tokens,
+                          verify)
 from autoresearch.errors import HarnessError, MachineBusy
 
 
@@ -100,9 +101,24 @@ def main(repo: Path, args, log=print) -> int:
     log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
         "after recording the experiment in flight")
 
+    reserved = []  # --verify with --hours: the seconds kept for the verification, once said
+
+    def in_time() -> bool:
+        """Whether --hours leaves time for an experiment, and with --verify for the morning's verification after
+        it (cli.py runs it once the loop ends)."""
+        if deadline is None:
+            return True
+        if not getattr(args, "verify", False):
+            return time.time() < deadline
+        needed = verify.seconds(repo, config, ledger.read(state.results(repo), config.tag, verification=True))
+        if time.time() + needed >= deadline and not reserved and time.time() < deadline:
+            reserved.append(needed)
+            log(f"stopping: the verification (--verify) needs about {needed / 60:.0f} min of the hours left; no new "
+                "experiment begins")
+        return time.time() + needed < deadline
+
     def may_begin() -> bool:
-        return (not stopping and (args.max_experiments is None or begun < args.max_experiments)
-                and (deadline is None or time.time() < deadline))
+        return (not stopping and (args.max_experiments is None or begun < args.max_experiments) and in_time())
 
     def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
         return stopping or stop.pending() or (deadline is not None and time.time() >= deadline)

@@ -45,6 +45,8 @@ class Trial:
     started: str = ""
     compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a copy of
                             # its base, never a champion's (compiled.Wanted)
+    verify: bool = False   # a verification's run (verify.py): status verify, never an experiment's
+    budget_s: float | None = None  # a verification's budget where it is not the tag's
     source: str = ""       # train.py, for a worker; never written to disk with the record
     pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
                                  # study.Study.pruning); never written with the record
@@ -69,9 +71,11 @@ class Trial:
                         device=self.device, **values)
 
     def interrupted(self, tag_config: Tag, reason: str) -> ledger.Row:
-        """The row of this run when its harness, driver or worker died before it was recorded."""
-        return self.row(tag_config, "crash", descriptions.noted(self.description, descriptions.INTERRUPTED, reason),
-                        decision="interrupted")
+        """The row of this run when its harness, driver or worker died before it was recorded (a verification's
+        stays one: never a crash of an experiment)."""
+        return self.row(tag_config, "verify" if self.verify else "crash",
+                        descriptions.noted(self.description, descriptions.INTERRUPTED, reason), decision="interrupted",
+                        **({"budget_s": self.budget_s} if self.budget_s else {}))
 
 
 class Pending:
@@ -106,7 +110,7 @@ def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status
     fields.setdefault("steps", 0)
     fields.setdefault("seed", 0)
     return ledger.Row(commit=commit[:7], status=status, description=description, tag=tag_config.tag,
-                      run_id=run_id, time=state.now(), budget_s=tag_config.budget_s,
+                      run_id=run_id, time=state.now(), budget_s=fields.pop("budget_s", tag_config.budget_s),
                       wall_s=fields.pop("wall", 0.0), fingerprint=tag_config.fingerprint[:12],
                       clock=tag_config.clock, **fields)
 

@@ -32,7 +32,8 @@ def recover_inflight(repo: Path, log=print, reason: str = "the driver died mid-r
             path.unlink()                                         # worker
             continue
         config = tagconfig.read(state.tag_file(repo, trial.tag))
-        if not any(r.run_id == trial.run_id for r in ledger.read(state.results(repo), config.tag)):
+        if not any(r.run_id == trial.run_id for r in ledger.read(state.results(repo), config.tag,
+                                                                  verification=True)):
             row = trial.interrupted(config, reason)
             record.record(repo, row)
             recorded.append(row)
@@ -60,13 +61,15 @@ def recover(repo: Path, log=print, reason: str = "harness died mid-run", paralle
         if os.path.ismount(run_dir / bounded):
             scratch.release(run_dir / bounded)
     config = tagconfig.read(state.tag_file(repo, trial.tag))
-    rows = ledger.read(state.results(repo), config.tag)
+    rows = ledger.read(state.results(repo), config.tag, verification=True)
     row = None
     if not any(r.run_id == trial.run_id for r in rows):
         row = trial.interrupted(config, reason)
         record.record(repo, row)
         log(f"recovered an interrupted experiment ({trial.run_id}): recorded as crash")
     branch_back(repo, parallel, trial.tag)
+    if trial.verify:  # a verification's train.py (verify.py) in the work tree: the branch's back
+        git.reset_to(repo, git.head(repo), state.EDITABLE)
     (state.pending_file(repo)).unlink()
     return row
 

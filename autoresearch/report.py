@@ -9,7 +9,7 @@ from pathlib import Path
 
 from statistics import fmean
 
-from autoresearch import decide, descriptions, errors, ledger, state, tags, tokens
+from autoresearch import decide, descriptions, errors, ledger, state, tags, tokens, verified
 
 
 def test_scores(rows: list[ledger.Row], runs_dir: Path) -> dict[str, float]:
@@ -233,7 +233,8 @@ def main(args) -> str:
             branch = git.branch(repo)
             tag = branch[len(state.BRANCH_PREFIX):] if branch.startswith(state.BRANCH_PREFIX) else None
     repo = path.parent if (path.parent / ".git").exists() else None
-    rows = ledger.read(path, tag, old_ok=True)  # --json and --html fail where the plot would: same facts, same errors
+    # --json and --html fail where the plot would: same facts, same errors
+    rows = ledger.read(path, tag, old_ok=True, verification=True)
     try:
         price = tokens.prices(getattr(args, "prices", None))
     except ValueError as e:
@@ -247,8 +248,13 @@ def main(args) -> str:
             return json.dumps(data, indent=1)
         Path(args.html).write_text(dashboard.page(facts.attach_details(data, repo)), encoding="utf-8")
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
+    every, rows = rows, [r for r in rows if r.status != "verify"]  # a verification's runs: its table alone
     groups = configurations(rows, repo)
     out = plot(rows, Path(args.out), f"autoresearch {tag}" if tag else "autoresearch", groups)
     tests = test_scores(decide.finished(rows), state.runs_dir(path.parent))
-    bill = tokens.lines(tokens.bill(repo, tag, rows, price)) if repo is not None else []
-    return "\n".join([summarize(rows, tests, groups), *bill, f"plot: {out}"])
+    bill = tokens.lines(tokens.bill(repo, tag, [r for r in rows if r.status != "verify"], price)) \
+        if repo is not None else []
+    tables = [verified.text(verified.table([r for r in every if r.tag == t],
+                                           verified.read_state(repo, t).get("notes")))
+              for t in dict.fromkeys(r.tag for r in every if r.status == "verify")]
+    return "\n".join([summarize(rows, tests, groups), *bill, *tables, f"plot: {out}"])

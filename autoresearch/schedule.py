@@ -132,4 +132,4 @@ def seed(rows, config: str, in_flight: list[int], rule: str, first: int = FIRST_
 
 def repeat_number(rows, config: str, running: list[str]) -> int:
     """Which run of its configuration this is (1 for the first), counting those in flight."""
-    return sum(r.config == config for r in rows if r.status != "refused") + running.count(config) + 1
+    return sum(r.config == config for r in rows if r.status not in ("refused", "verify")) + running.count(config) + 1

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, machine, processes, sandbox, scratch, state
+from autoresearch import fixed, ledger, machine, processes, sandbox, scratch, state
 
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
@@ -128,6 +128,7 @@ class Launch:
     spare: tuple = ()  # pids whose trees are not the training's: an evaluator started early, in its own sandbox
     cgroup: object = None  # its runcgroup.RunCgroup: the kernel's count of its CPU time, its processes; None: none
     file_limit: int | None = None  # bytes any file it writes may reach (RLIMIT_FSIZE; scratch.limit_files)
+    budget: float | None = None  # a budget other than this process's (a verification's longer one, verify.py)
 
     def environment(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AUTORESEARCH_", "TORCHINDUCTOR_"))}
@@ -136,6 +137,8 @@ class Launch:
         env[fixed.runtime().SEED_ENV] = str(self.seed)
         if "AUTORESEARCH_TIME_BUDGET" in os.environ:
             env["AUTORESEARCH_TIME_BUDGET"] = os.environ["AUTORESEARCH_TIME_BUDGET"]
+        if self.budget is not None:
+            env["AUTORESEARCH_TIME_BUDGET"] = ledger.format_budget(self.budget)
         env.update(machine.clock_env(self.clock, self.threads))
         if (self.run_dir / sandbox.COMPILE_DIR).is_dir():
             env["TORCHINDUCTOR_CACHE_DIR"] = str(self.run_dir / sandbox.COMPILE_DIR)
