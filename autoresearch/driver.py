@@ -133,10 +133,12 @@ class Driver:
         info = self.workers[name][1]
         plan = study.Study(self.repo, self.config, self.rule, rows).plan(
             step, config_id, [(job.config, job.seed) for job in self.running.values()])
-        return Trial(state.new_run_id(), self.config.tag, parent, step.description, plan.seed, plan.repeat,
-                     plan.run_no, plan.test_threshold, info["protection"], commit, config_id, name, info["host"],
-                     info["device"], state.now(), tags.config_of(self.repo, self.config.base_commit), source,
-                     asdict(plan.pruning) if plan.pruning is not None else None)
+        return Trial(state.new_run_id(), self.config.tag, parent, step.description, seed=plan.seed,
+                     repeat=plan.repeat, run_no=plan.run_no, test_threshold=plan.test_threshold,
+                     protection=info["protection"], commit=commit, config=config_id, worker=name, host=info["host"],
+                     device=info["device"], started=state.now(),
+                     compile_from=tags.config_of(self.repo, self.config.base_commit), source=source,
+                     pruning=asdict(plan.pruning) if plan.pruning is not None else None)
 
     def propose(self, name: str) -> None:
         """A new candidate for worker `name`, in a thread: external agents think side by side."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
@@ -32,6 +32,7 @@ class Trial:
     tag: str
     parent: str            # the commit it was made from (the branch's head, or a candidate's parent)
     description: str
+    _: KW_ONLY             # the rest by name: a field added later never shifts a caller's values
     seed: int = 0
     repeat: int = 1        # which run of its configuration (1 for the first)
     run_no: int = 1        # its place in its series

@@ -59,9 +59,9 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
     plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
-    trial = record.Trial(state.new_run_id(), config.tag, git.head(repo), description, plan.seed, run_no=plan.run_no,
-                         test_threshold=plan.test_threshold, protection=protection, host=socket.gethostname(),
-                         device=config.device_label(), started=state.now())
+    trial = record.Trial(state.new_run_id(), config.tag, git.head(repo), description, seed=plan.seed,
+                         run_no=plan.run_no, test_threshold=plan.test_threshold, protection=protection,
+                         host=socket.gethostname(), device=config.device_label(), started=state.now())
 
     def refuse(reason: str) -> NoReturn:
         ledger.append(state.results(repo), trial.row(config, "refused", descriptions.noted(

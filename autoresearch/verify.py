@@ -253,7 +253,7 @@ def run_one(repo: Path, config: Tag, where: tuple, champion: str, p: Planned, on
     protection, fixed_half = where
     commit = git.commit_with(repo, champion, EDITABLE, p.source, p.description)
     git.git(repo, "update-ref", f"{REF_PREFIX}{config.tag}/{commit}", commit)
-    trial = record.Trial(state.new_run_id(), config.tag, champion, p.description, p.seed,
+    trial = record.Trial(state.new_run_id(), config.tag, champion, p.description, seed=p.seed,
                          test_threshold=float("-inf"), protection=protection, commit=commit,
                          config=tags.config_of(repo, commit), host=socket.gethostname(), device=config.device_label(),
                          started=state.now(), verify=True, budget_s=p.budget)

@@ -343,7 +343,7 @@ def test_a_keep_re_committed_on_a_moved_branch_counts_against_the_champion_it_ch
     deeper = set_constants(source, {"DEPTH": 5}, "cpu")
     run_as(repo, tag, deeper, "DEPTH 4 -> 5", "keep", 1.9, n=2)
     champion = sh(repo, "git", "rev-parse", "HEAD")
-    job = Trial("r", "p", base, "MATRIX_LR 0.04 -> 0.08", 42, commit=proposed, config=git.blob_of(lr), source=lr)
+    job = Trial("r", "p", base, "MATRIX_LR 0.04 -> 0.08", seed=42, commit=proposed, config=git.blob_of(lr), source=lr)
     kept = keep_on_branch(repo, job)[:7]  # as the driver records it
     assert sh(repo, "git", "rev-parse", f"{kept}^") == champion  # on top of DEPTH 5
     assert (repo / "train.py").read_text() == lr

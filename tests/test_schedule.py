@@ -247,7 +247,7 @@ def test_a_control_refused_after_it_trained_ends_its_candidates_series():
     from autoresearch import decide
     opened = SEEDED_BASE + [row("confirm", "cand", "try cand", "P 0.7 after one run", 0.98, seed=42)]
     step = schedule.next_run(opened, [], "control", False, "base")
-    ran = record.Trial("r1", "t", step.commit, step.description, step.seed, config="base")
+    ran = record.Trial("r1", "t", step.commit, step.description, seed=step.seed, config="base")
     ex = SimpleNamespace(status="refused", reason="files other than train.py changed (notes.txt)",
                          training=SimpleNamespace(wall=10.0, load=0.0, done_after=None))
     tag = SimpleNamespace(tag="t", fingerprint="f" * 12, budget_s=2, clock="wall")
