@@ -306,7 +306,7 @@ def transfer_table(lanes: list, final: dict, transfer: dict, budget: float, long
              f"{len(transfer['default'])} seeds) | held? |", "|---|---|---|---|"]
     for lane in (lane for lane in lanes if lane.mode == "night"):
         short, short_se = paired_gain(final["default"], final[lane.name])
-        long_, long_se = paired_gain(transfer["default"], transfer[lane.name])
+        long_, long_se = paired_gain(transfer["default"], transfer.get(lane.name, transfer["default"]))
         verdict = ("no keep to transfer" if lane.champion() == lane.start else
                    "undecided (one seed)" if long_se is None else
                    "held" if long_ > 2 * long_se else "reversed" if long_ < -2 * long_se else "not beyond the noise")
@@ -372,7 +372,8 @@ def main() -> int:
         print(f"{time.strftime('%H:%M:%S')} re-measured seed {seed}", flush=True)
     # the transfer: the default and each night lane's champion at the longer budget, on other fresh seeds, paired
     night_lanes = [lane for lane in lanes if lane.mode == "night"]
-    transfer = {k: [] for k in ["default"] + [lane.name for lane in night_lanes]} if night_lanes else {}
+    kept = [lane.name for lane in night_lanes if lane.champion() != lane.start]  # nothing kept: nothing to transfer
+    transfer = {k: [] for k in ["default"] + kept} if night_lanes else {}
     for seed in range(TRANSFER_SEEDS, TRANSFER_SEEDS + (args.transfer_seeds if night_lanes else 0)):
         for k in transfer:
             transfer[k].append(done.get(f"{k}@{args.transfer_budget:g}s", seed, sources[k], args.transfer_budget,
