@@ -160,11 +160,12 @@ class ExternalAgent(proposer.Proposer):
         finally:
             if cap is not None:
                 cap.close()
-            # what the session cost, read from its scratch before that goes (a failed proposal costs too)
-            self.session = tokens.record(self.repo, self.kind, self.name, start,
-                                         confine.scratch_home(private) if cap is not None else None, self.tag,
-                                         self.printed)
-            shutil.rmtree(private, ignore_errors=True)
+            try:  # what the session cost, read from its scratch before that goes (a failed proposal costs too)
+                self.session = tokens.record(self.repo, self.kind, self.name, start,
+                                             confine.scratch_home(private) if cap is not None else None, self.tag,
+                                             self.printed)
+            finally:
+                shutil.rmtree(private, ignore_errors=True)
 
     def _session(self, ask: proposer.Ask, private: Path, cap: agentcgroup.Cap | None) -> str:
         prompt = build_prompt(self.repo, self.tag, self.last_outcome, ask.in_flight,

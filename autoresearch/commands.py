@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import compiled, decide, descriptions, errors, git, ledger, sandbox, state, tagconfig, tags
+from autoresearch import (compiled, decide, descriptions, errors, git, ledger, sandbox, sites, state, tagconfig,
+                          tags)
 from autoresearch.errors import HarnessError
 
 
@@ -63,7 +64,8 @@ def status(repo: Path) -> str:
         lines.append(f"train.py carries {room['carried_bytes']:,} of the {room['limit_bytes']:,} bytes it may beyond the "
                      f"tag's base ({room['left_bytes']:,} left; docs/integrity.md)")
     from autoresearch import tokens
-    bill = tokens.bill(repo, config.tag, rows, tokens.prices_or_none(warnings=damaged))
+    bill = tokens.bill(repo, config.tag, [r for r in rows if r.status != "verify"],  # as report and facts count
+                       tokens.prices_or_none(warnings=damaged))
     if bill is not None:  # the agent's tokens, where the harness started one on this tag
         lines += tokens.lines(bill, each=False)
     lines += report.flag_lines(rows)
@@ -84,8 +86,6 @@ def carried(repo: Path, config) -> dict | None:
 def ideas(repo: Path, apply: list[str] | None) -> str:
     """`autoresearch ideas`: the catalog against train.py and this tag's record, or with --apply, one idea
     written into train.py (nothing else changes; `autoresearch run` then runs it)."""
-    import ast
-
     import prepare
 
     from autoresearch import errors, ideas, ledger, proposer, state, tags
@@ -104,9 +104,8 @@ def ideas(repo: Path, apply: list[str] | None) -> str:
             key, sep, value = pair.partition("=")
             if not sep or key not in idea.params:
                 raise errors.HarnessError(f"{pair!r}: give KEY=VALUE with KEY one of {', '.join(idea.params)}")
-            try:
-                params[key] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
+            params[key] = sites.literal(value)
+            if params[key] is sites.NOT_A_VALUE:
                 params[key] = value
         held = ideas.current(idea, source, profile) or {}
         params = {k: params.get(k, held.get(k)) for k in idea.params}

@@ -36,7 +36,7 @@ def page(data: dict | None = None) -> str:
         return (html.replace("<!--PLOTLY-->", '<script src="/plotly.min.js"></script>')
                 .replace("/*FACTS*/null", "null"))
     script = "<script>" + plotly_js().replace("</script", "<\\/script") + "</script>"
-    facts_json = json.dumps(data).replace("</", "<\\/")
+    facts_json = json.dumps(data).replace("<", "\\u003c")  # no `</script` nor `<!--` of a row's text in the page
     return html.replace("<!--PLOTLY-->", script).replace("/*FACTS*/null", facts_json)
 
 

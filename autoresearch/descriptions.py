@@ -17,8 +17,9 @@ A description is a move, then the notes the harness appends:
 
 from __future__ import annotations
 
-import ast
 import re
+
+from autoresearch import sites
 
 REPEAT_MARK = " [run "                   # a series' later runs: ` [run N]`
 CRASH, REFUSED, INTERRUPTED = "crash", "refused", "interrupted"  # ` [KIND: REASON]`
@@ -40,8 +41,10 @@ VERIFY_RE = re.compile(r"^verify ([0-9a-f]{7}): (?:without ([0-9a-f]{7}) |(champ
 def clean(text: str) -> str:
     """A description as the ledger keeps it: one line, its white space folded, never empty, and never in the
     harness's own grammar of a control run (quoted: an agent's `control for CONFIG: ...` would otherwise join
-    another candidate's series)."""
-    text = " ".join(text.split()) or "(no description)"
+    another candidate's series), and nothing a terminal would act on (an escape sequence in an agent's text is
+    printed by status, report and the loop: each character that is not printable becomes `?`)."""
+    text = " ".join(text.split())
+    text = "".join(c if c.isprintable() else "?" for c in text) or "(no description)"
     return f'"{text}"' if CONTROL_RE.match(text) else text
 
 
@@ -137,9 +140,8 @@ def parse_idea(description: str) -> tuple[str, dict] | None:
     params = {}
     for part in re.split(r", (?=\w+=)", m.group(2)):
         key, _, value = part.partition("=")
-        try:
-            params[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        params[key] = sites.literal(value)
+        if params[key] is sites.NOT_A_VALUE:
             return None  # not a value idea_text() writes: a free-form description that only looks like one
     return m.group(1), params
 

@@ -25,7 +25,6 @@ constants-only TPE proposer (tpe.py). All of them read results.tsv afresh for ea
 
 from __future__ import annotations
 
-import ast
 import functools
 import math
 import random
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import decide, descriptions, git, ideas, ledger, state
-from autoresearch.sites import EditError, read_constants, set_constants
+from autoresearch.sites import NOT_A_VALUE, EditError, literal, read_constants, set_constants
 from autoresearch.space import SIZE_ARMS, SPACES, consequences, parameters, size_steps, steps
 
 PRIOR_TOWARDS = (4, 1)    # back to the public record's choice (tried first anyway, RECORD_TRIES; then by its record)
@@ -74,10 +73,10 @@ def parse_move(description: str) -> tuple[str, dict]:
     if not first:
         return "", {}
     name, old, new = first
-    try:
-        return f"tune {name}", {name: ast.literal_eval(new), "from": ast.literal_eval(old)}
-    except (ValueError, SyntaxError):
+    new, old = literal(new), literal(old)
+    if NOT_A_VALUE in (new, old):
         return f"tune {name}", {}
+    return f"tune {name}", {name: new, "from": old}
 
 
 def history(rows, made_from: dict[str, str] | None = None) -> list[Experiment]:

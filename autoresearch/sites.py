@@ -22,6 +22,18 @@ class EditError(ValueError):
     """train.py cannot be read or rewritten as asked."""
 
 
+NOT_A_VALUE = object()
+
+
+def literal(text_or_node):
+    """ast.literal_eval that never raises: NOT_A_VALUE for whatever is not a plain literal. Its input is an agent's
+    text (a description, a train.py), and `{[]}` raised TypeError, which ended every later proposal of the tag."""
+    try:
+        return ast.literal_eval(text_or_node)
+    except Exception:  # noqa: BLE001 - ValueError, SyntaxError, TypeError, RecursionError, MemoryError: not a value
+        return NOT_A_VALUE
+
+
 class NotApplicable(EditError):
     """The site is not in this train.py (it was renamed or removed)."""
 
@@ -242,10 +254,9 @@ def read_constants(source: str, profile: str = "cpu") -> dict[str, object]:
     """The literal constants of train.py for a profile (expressions that are not literals are skipped)."""
     out = {}
     for name, node in _constant_nodes(source).items():
-        try:
-            out[name] = ast.literal_eval(_value_node(node, profile))
-        except ValueError:
-            continue
+        value = literal(_value_node(node, profile))
+        if value is not NOT_A_VALUE:
+            out[name] = value
     return out
 
 

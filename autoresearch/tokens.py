@@ -26,6 +26,7 @@ FIELDS = ("input", "output", "cache_read", "cache_write")
 CLAUDE_DIR, CODEX_DIR = ".claude/projects", ".codex/sessions"  # under the agent's home: where each keeps a session
 FILE_LIMIT = 256 << 20  # bytes of one session file read; a larger one is "unknown"
 FILES_LIMIT = 1000      # session files looked at in one session's directory
+ENTRIES_LIMIT = 20_000  # directory entries of every kind walked there (the agent makes them: bounded too)
 TOTAL_LIMIT = 1 << 30   # bytes of them all: what the harness reads when a session ends is bounded
 MAX_COUNT = 10 ** 13    # tokens one number may say; more is not a count
 PRICES_ENV = "AUTORESEARCH_TOKEN_PRICES"
@@ -39,10 +40,16 @@ class Malformed(ValueError):
 def _files(root: Path) -> list[Path]:
     """The *.jsonl files under root, no link followed, at most FILES_LIMIT of TOTAL_LIMIT bytes in all (more:
     Malformed)."""
-    out, stack, size = [], [root], 0
+    out, stack, size, seen = [], [root], 0, 0
     while stack:
         try:
-            entries = list(os.scandir(stack.pop()))
+            with os.scandir(stack.pop()) as listing:
+                entries = []
+                for e in listing:  # counted as listed: a directory of millions is refused, not walked
+                    seen += 1
+                    if seen > ENTRIES_LIMIT:
+                        raise Malformed(f"more than {ENTRIES_LIMIT} entries in the session directories")
+                    entries.append(e)
         except OSError:
             continue
         for e in entries:
@@ -59,20 +66,22 @@ def _files(root: Path) -> list[Path]:
 def _entries(path: Path):
     """Each line of a JSONL session file as a dict; a last line without its newline (an agent killed mid-write)
     is left out, any other line that is not a JSON object is Malformed."""
+    name = ascii(path.name)  # the agent chose it: never a terminal's escape sequence in a message
     try:
-        text = read_regular(path, FILE_LIMIT).decode()
-    except (Unsafe, OSError, UnicodeDecodeError) as e:
-        raise Malformed(f"{path.name}: {e}") from None
-    lines = text.split("\n")
-    for n, line in enumerate(lines[:-1], 1):
+        data = read_regular(path, FILE_LIMIT)
+    except (Unsafe, OSError) as e:
+        raise Malformed(f"{name}: {ascii(str(e))}") from None
+    start, n = 0, 0
+    while (end := data.find(b"\n", start)) != -1:  # one line at a time: memory is the file and one line
+        line, start, n = data[start:end], end + 1, n + 1
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
-        except ValueError:
-            raise Malformed(f"{path.name} line {n} is not JSON") from None
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError; `[` * 1001 a RecursionError
+            raise Malformed(f"{name} line {n} is not JSON") from None
         if not isinstance(entry, dict):
-            raise Malformed(f"{path.name} line {n} is not a JSON object")
+            raise Malformed(f"{name} line {n} is not a JSON object")
         yield entry
 
 
@@ -124,7 +133,7 @@ def codex(root: Path) -> dict | None:
         if last is not None:
             given, cached = _count(last, "input_tokens"), _count(last, "cached_input_tokens")
             if cached > given:
-                raise Malformed(f"{path.name}: more cached input tokens than input tokens")
+                raise Malformed(f"{ascii(path.name)}: more cached input tokens than input tokens")
             sessions.append({"input": given - cached, "output": _count(last, "output_tokens"), "cache_read": cached,
                              "cache_write": 0})
     return _sum(sessions) if files else None
@@ -171,6 +180,8 @@ def usage(home: Path | None, printed: list[str] = ()) -> tuple[dict | None, str]
             found = {name: n for name, n in (("aider (as it printed them, rounded)", aider(printed)),) if n}
     except Malformed as e:
         return None, f"unknown: its session record is malformed ({e})"
+    except Exception as e:  # noqa: BLE001 - whatever the agent's files do, its tokens are unknown, never a crash
+        return None, f"unknown: its session record could not be read ({type(e).__name__})"
     if found:
         return _sum(found.values()), " + ".join(found)
     if home is None:
@@ -305,6 +316,12 @@ def bill(repo: Path, tag: str, rows: list, price: dict | None = None) -> dict | 
             "priced": price is not None}
 
 
+def printable(text: str) -> str:
+    """A line for a terminal: what a record or an agent wrote never acts on it (an escape sequence, a lone
+    surrogate that print() cannot encode)."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _money(value: float | None) -> str:
     return "" if value is None else f" ${value:,.2f}"
 
@@ -330,5 +347,5 @@ def lines(b: dict | None, each: bool = True) -> list[str]:
                 if i["kind"] == "session" else f"{i['commit']}  {i['status']:8s} {i['description']}" if i["runs"]
                 else "no run (the proposal failed, or its run is in flight)")
         source = i["source"] if i["total"] is None else f"from {i['source']}"
-        out.append(f"  {tokens}  {what}  ({source})")
+        out.append(printable(f"  {tokens}  {what}  ({source})"))
     return out

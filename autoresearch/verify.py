@@ -20,7 +20,6 @@ as interrupted and puts train.py back; a recorded run is never run again).
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import socket
@@ -172,9 +171,12 @@ def scaled(source: str, scale: str) -> str:
     """source with constant NAME set to VALUE (scale: NAME=VALUE, the value a Python literal)."""
     name, _, value = scale.partition("=")
     import prepare
+    value = sites.literal(value)
     try:
-        return sites.set_constants(source, {name: ast.literal_eval(value)}, prepare.require_manifest()["profile"])
-    except (sites.EditError, ValueError, SyntaxError) as e:
+        if value is sites.NOT_A_VALUE:
+            raise sites.EditError(f"{scale.partition('=')[2]!r} is not a Python literal")
+        return sites.set_constants(source, {name: value}, prepare.require_manifest()["profile"])
+    except (sites.EditError, ValueError) as e:
         raise HarnessError(f"--scale {scale}: {e} (give NAME=VALUE, a constant of train.py and a literal)") from None
 
 

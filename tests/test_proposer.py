@@ -384,3 +384,19 @@ def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
     assert proposer.size_step(up, values, 20 * 1.5 ** 2).params["DEPTH"] == 5        # 1.5x: doubling passes it
     assert proposer.size_step(down, values, 20 / 1.1 ** 2).params["DEPTH"] == 3      # all pass: the smallest
     assert proposer.size_step(down, values, None) is None
+
+
+def test_a_description_or_train_py_that_is_no_literal_never_ends_the_night(repo, tag):
+    """The red team's: an agent's `DESCRIPTION: LR 1 -> {[]}` (or a dead `UNUSED = {[]}` in a kept train.py) made
+    ast.literal_eval raise TypeError in every later proposal and prompt: the loop ended, and every later loop on
+    the tag. Now such a text is simply not a move, and such a constant not a constant."""
+    from autoresearch import descriptions, sites
+    source = (repo / "train.py").read_text()
+    run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
+    for text in ("LR 1 -> {[]}", "idea activation: act={[]}", "MATRIX_LR 0.04 -> [[[" + "[" * 200):
+        run_as(repo, tag, source + f"\n# {len(text)}\n", text, "discard", 2.1)
+    rows = ledger.read(repo / "results.tsv", "p")
+    assert "Tried on this tag" in proposer.knowledge(rows, source)  # an agent's prompt
+    researcher(repo).propose_source(source)  # the built-in researcher
+    assert sites.read_constants("UNUSED = {[]}\nB = 2\n") == {"B": 2}
+    assert descriptions.clean("a\x1b]52;c;eA==\x07 b") == "a?]52;c;eA==? b"

@@ -91,7 +91,8 @@ def test_aiders_printed_counts_are_summed_and_said_to_be_rounded():
     assert "aider" in source and "rounded" in source
 
 
-@pytest.mark.parametrize("damage", ["not json", "negative", "link", "fifo", "too many"])
+@pytest.mark.parametrize("damage", ["not json", "negative", "link", "fifo", "too many", "deep", "entries",
+                                    "escape in its name"])
 def test_a_malformed_or_planted_session_file_means_unknown_never_a_crash_or_a_guess(tmp_path, damage):
     home = tmp_path / "home"
     path = claude_session(home, [M1])
@@ -106,11 +107,32 @@ def test_a_malformed_or_planted_session_file_means_unknown_never_a_crash_or_a_gu
     elif damage == "fifo":  # would block a reader forever
         path.unlink()
         os.mkfifo(path)
+    elif damage == "deep":  # the red team's: json.loads raised RecursionError, the scratch stayed, no record
+        path.write_text("[" * 1001 + "\n")
+    elif damage == "entries":  # directories of every kind count, not only session files
+        for i in range(tokens.ENTRIES_LIMIT + 1):
+            (path.parent / f"d{i}").mkdir()
+    elif damage == "escape in its name":  # the agent names its files: report printed the name to your terminal
+        path.rename(path.with_name("\x1b]52;c;cGF5bG9hZA==\x07\udcff.jsonl"))
+        path.with_name("\x1b]52;c;cGF5bG9hZA==\x07\udcff.jsonl").write_text("{oops\n")
     else:
         for i in range(tokens.FILES_LIMIT + 1):
             (path.parent / f"{i}.jsonl").write_text("")
     got, why = tokens.usage(home)
     assert got is None and why.startswith("unknown: its session record is malformed")
+    assert "\x1b" not in why and why.encode("utf-8")  # nothing a terminal acts on; printable as UTF-8
+
+
+def test_what_the_report_prints_of_a_session_is_printable_whatever_the_record_holds():
+    """An older record, or an agent's description: the report's lines carry no escape sequence and no lone
+    surrogate (print() raised UnicodeEncodeError on one, and `report` failed until the record was deleted)."""
+    session = {"kind": "turn", "total": None, "cost": None, "source": "unknown: \x1b]52;c;eA==\x07 \udcff",
+               "runs": [], "experiments": 0, "keeps": 0, "start": "", "commit": "", "status": "", "description": ""}
+    bill = {"total": 0, "cost": None, "known": 0, "unknown": 1, "tokens": dict.fromkeys(tokens.FIELDS, 0),
+            "priced": False, "per_experiment": None, "per_keep": None, "experiments": 0, "keeps": 0,
+            "sessions": [session]}
+    for line in tokens.lines(bill):
+        assert "\x1b" not in line and "\x07" not in line and line.encode("utf-8")
 
 
 def test_the_loop_keeps_the_lines_aider_prints_its_tokens_on_however_long_its_output():
