@@ -81,18 +81,8 @@ def parallel(args) -> bool:
 def main(repo: Path, args, log=print) -> int:
     """The sequential loop: the one-worker case of the parallel driver (schedule.py decides for both), each run
     executed in the repository by run.run_once."""
-    if args.agent not in proposer.BUILTINS:
-        agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
-    config = tags.ensure(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
-    try:
-        protection = sandbox.protection(args.sandbox or config.sandbox_mode())  # --sandbox on without bubblewrap: an error before any run
-    except sandbox.SandboxError as e:
-        raise HarnessError(str(e)) from None
-    if config.protection == "bwrap" and protection != "bwrap":  # never a night with less than the tag's protection
-        raise HarnessError(f"tag {config.tag} runs every training and its agent under bubblewrap: "
-                           + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
+    config, protection = begin(repo, args, log)
     rule = config.rule(args.decision)
-    recovery.recover(repo, log)
     agent = agents.proposer_for(args.agent, repo, config.tag, args.agent_timeout)
     deadline = time.time() + args.hours * 3600 if args.hours else None
     begun, failures, stopping = 0, 0, False
@@ -150,28 +140,15 @@ def main(repo: Path, args, log=print) -> int:
         elif step.kind == "baseline":
             turn = None
         begun += step.new
-        progress = Progress(config.budget_s, description)
         try:
-            while True:
-                try:
-                    outcome = run.run_once(repo, description, run.Options(
-                        rule=args.decision, sandbox_mode=args.sandbox, on_progress=progress, log=log, give_up=give_up))
-                    break
-                except MachineBusy as e:  # AUTORESEARCH_LOAD_WAIT ran out: a busy machine delays the night
-                    if give_up():
-                        progress.close()
-                        log("stopping while waiting for a quiet machine: " + (
-                            "asked to (.autoresearch/stop)" if stopping or stop() else "--hours reached") +
-                            "; nothing ran (train.py keeps the proposed change, uncommitted)")
-                        return 0
-                    log(f"still busy ({e}); waiting again")
+            outcome = patiently(repo, args, description, log, give_up, lambda: (
+                "asked to (.autoresearch/stop)" if stopping or stop() else "--hours reached"))
         except KeyboardInterrupt:
-            progress.close()
             recovery.recover(repo, log, reason="interrupted by Ctrl-C")
             log("stopped; the experiment in flight is recorded as interrupted")
             return 130
-        finally:
-            progress.close()
+        if outcome is None:
+            return 0
         tokens.add_run(turn, outcome.row.run_id)  # the experiment's runs (repeats, controls) pay for its turn
         log(line(len(ledger.read(state.results(repo), config.tag)), outcome.row))
         if outcome.row.status == "crash":
@@ -179,6 +156,43 @@ def main(repo: Path, args, log=print) -> int:
         if outcome.row.status != "confirm" and not decide.latest_unfinished(
                 ledger.read(state.results(repo), config.tag)):
             agent.observe(outcome)  # the experiment is decided
+
+
+def begin(repo: Path, args, log) -> tuple:
+    """The night's tag (set up if it is new) and the protection its runs get, never less than the tag's; what a
+    dead harness left is finished first (recovery.py)."""
+    if args.agent not in proposer.BUILTINS:
+        agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
+    config = tags.ensure(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
+    try:  # --sandbox on without bubblewrap: an error before any run
+        protection = sandbox.protection(args.sandbox or config.sandbox_mode())
+    except sandbox.SandboxError as e:
+        raise HarnessError(str(e)) from None
+    if config.protection == "bwrap" and protection != "bwrap":  # never a night with less than the tag's protection
+        raise HarnessError(f"tag {config.tag} runs every training and its agent under bubblewrap: "
+                           + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
+    recovery.recover(repo, log)
+    return config, protection
+
+
+def patiently(repo: Path, args, description: str, log, give_up, why) -> run.Outcome | None:
+    """run.run_once with its progress bar, waiting again while the machine is busy (AUTORESEARCH_LOAD_WAIT ran
+    out); None when the night ends while it waits (give_up(); why() says why)."""
+    progress = Progress(tags.load_tag(repo).budget_s, description)
+    try:
+        while True:
+            try:
+                return run.run_once(repo, description, run.Options(
+                    rule=args.decision, sandbox_mode=args.sandbox, on_progress=progress, log=log, give_up=give_up))
+            except MachineBusy as e:  # a busy machine delays the night
+                if give_up():
+                    progress.close()
+                    log(f"stopping while waiting for a quiet machine: {why()}; nothing ran (train.py keeps the "
+                        "proposed change, uncommitted)")
+                    return None
+                log(f"still busy ({e}); waiting again")
+    finally:
+        progress.close()
 
 
 def dashboard_stop(repo: Path):
