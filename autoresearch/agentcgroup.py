@@ -143,7 +143,7 @@ class Freezer:
                 remove(cgroup)
                 continue
             self.dir = cgroup
-            self.prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup / INNER)]
+            self.prefix = cgroups.entering([cgroup / INNER])
             self.how = f"paused by the kernel's freezer (a cgroup {wanted} of its own, {cgroup})"
             return
         self.how = ("NO freezer: no writable cgroup v2 or v1 freezer here, so a pause stops it with SIGSTOP, which "
@@ -256,7 +256,7 @@ class Cap:
                 self.close()
                 self.dir = None
             else:
-                self.prefix = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.dir / "sandbox")]
+                self.prefix = cgroups.entering([self.dir / "sandbox"])
                 self.how = f"memory limited to {size} (a cgroup v1 of its own, {self.dir})"
                 return
         if systemd_scope_works(user=os.geteuid() != 0):

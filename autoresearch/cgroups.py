@@ -72,6 +72,14 @@ def v2_dir() -> Path | None:
     return None
 
 
+def entering(dirs) -> list[str]:
+    """The prefix of an argv that moves its process into each cgroup of `dirs` (directories the harness made)
+    before it execs the rest: nothing the command starts runs outside them; exit 126 where one refuses it. The
+    training's cgroup and an agent sandbox's (agentcgroup.py) enter theirs this one way."""
+    procs = " ".join(f'"{d}/cgroup.procs"' for d in dict.fromkeys(dirs))
+    return ["sh", "-c", f'for f in {procs}; do echo $$ > "$f" || exit 126; done; exec "$@"', "sh"]
+
+
 def remove(cgroup: Path, tries: int = 1) -> bool:
     """Remove a cgroup and the children made in it, deepest first; False if a process still holds one (the kernel
     refuses), after `tries` tries a tenth of a second apart."""
@@ -158,8 +166,7 @@ class RunCgroup:
         self.dirs, self.kind, self.memory, self.how = dirs, kind, memory, how
 
     def wrap(self, argv: list[str]) -> list[str]:
-        procs = " ".join(f'"{d}/cgroup.procs"' for d in dict.fromkeys(self.dirs.values()))
-        return ["sh", "-c", f'for f in {procs}; do echo $$ > "$f" || exit 126; done; exec "$@"', "sh", *argv]
+        return entering(self.dirs.values()) + argv
 
     def cpu_seconds(self) -> float:
         """CPU seconds of every process that ever ran in it, ended, reaped or not."""
