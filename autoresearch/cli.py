@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"autoresearch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("prepare", help="prepare data and tokenizer", add_help=False)
+    _one_run(sub)
+    _nights(sub)
+    _readers(sub)
+    return parser
+
+
+def _one_run(sub) -> None:
+    """setup, run, try, wait, stop, best, sample, clean, status."""
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
     p.add_argument("--decision", default="stat", help=DECISION_HELP + "; fixed for the tag")
@@ -111,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", action="store_true", help="delete it (records, logs and champion models always stay)")
     p = sub.add_parser("status", help="best result and recent experiments")
     p.add_argument("--json", action="store_true", help="the same facts as JSON, for agents and scripts")
+
+
+def _nights(sub) -> None:
+    """loop, verify, agent: a night, its verification, an agent confined."""
     p = sub.add_parser("loop", help="run experiments proposed by an agent, until stopped")
     p.add_argument("--agent", default="builtin", help="builtin (default: the researcher), random or tpe (built-in references), claude, codex, aider, "
                    "or a command line")
@@ -145,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(not in the repository, nor in a hidden directory of your home); repeatable")
     p.add_argument("agent_command", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the agent and its arguments, e.g. claude, codex, aider train.py (default: $SHELL)")
+
+
+def _readers(sub) -> None:
+    """ideas, report, dashboard."""
     p = sub.add_parser("ideas", help="the idea catalog and what this tag tried; --apply writes one into train.py")
     p.add_argument("--apply", nargs="+", metavar=("NAME", "KEY=VALUE"),
                    help="set idea NAME's parameters in train.py, e.g. --apply qk_norm norm=True")
@@ -159,8 +175,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("dashboard", help="a live dashboard in the browser (read-only)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free one)")
-
-    return parser
 
 
 def main(argv=None) -> int:
@@ -249,35 +263,42 @@ def _command(args) -> int:
         print(text)
         return code
     if args.command == "stop":
-        from autoresearch import dashboard
-        held, holder = state.is_held(state.state_dir(repo)), state.holder(state.state_dir(repo) / state.LOCK_NAME)
-        if not held or not ("autoresearch loop" in holder or "autoresearch verify" in holder):
-            print("no loop is running here; nothing to stop" + (
-                f" ({holder} ends after its experiment anyway)" if held else ""))
-            return OK
-        state.stop_file(repo).parent.mkdir(parents=True, exist_ok=True)
-        state.stop_file(repo).touch()
-        print(f"asked {holder} to stop after the experiment in flight (a loop reads it between experiments, a "
-              "verification between runs; Ctrl-C in its terminal stops it now)")
-        return OK
+        return _stop(repo)
     if args.command == "agent":
         from autoresearch import broker
         command = args.agent_command[1:] if args.agent_command[:1] == ["--"] else args.agent_command
         return broker.start(repo, command, args.allow, build_parser())
+    return _small_command(repo, args)
+
+
+def _stop(repo: Path) -> int:
+    """`autoresearch stop`: a loop or a verification running here stops after its experiment (or run) in flight."""
+    from autoresearch import state
+    held, holder = state.is_held(state.state_dir(repo)), state.holder(state.state_dir(repo) / state.LOCK_NAME)
+    if not held or not ("autoresearch loop" in holder or "autoresearch verify" in holder):
+        print("no loop is running here; nothing to stop" + (
+            f" ({holder} ends after its experiment anyway)" if held else ""))
+        return OK
+    state.stop_file(repo).parent.mkdir(parents=True, exist_ok=True)
+    state.stop_file(repo).touch()
+    print(f"asked {holder} to stop after the experiment in flight (a loop reads it between experiments, a "
+          "verification between runs; Ctrl-C in its terminal stops it now)")
+    return OK
+
+
+def _small_command(repo: Path, args) -> int:
+    """ideas, best, sample, clean and status: each prints what commands.py returns."""
+    from autoresearch import commands, state, tags
     if args.command == "ideas":
-        from autoresearch import commands
         print(commands.ideas(repo, args.apply))
         return OK
     if args.command == "best":
-        from autoresearch import commands
         print(commands.best(repo))
         return OK
     if args.command == "sample":
-        from autoresearch import commands
         print(commands.sample(repo, args.prompt, args.tokens, args.temperature, args.seed, args.run_id))
         return OK
     if args.command == "clean":
-        from autoresearch import commands
         if not args.yes:
             print(commands.text(commands.plan(repo), deleted=False))
             return OK
@@ -291,12 +312,10 @@ def _command(args) -> int:
 
         from autoresearch import facts
         config = tags.load_tag(repo)
-        from autoresearch import commands
         out = facts.facts(state.results(repo), repo, config.tag)
         out["carried"] = commands.carried(repo, config)  # what train.py may still carry (heldout.headroom)
         print(json.dumps(out, indent=1))
     elif args.command == "status":
-        from autoresearch import commands
         print(commands.status(repo))
     return OK
 
