@@ -67,6 +67,41 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     (runtime.cache_dir()), prepared (runtime.require_manifest() says how, if not)."""
     import runtime  # not prepare: prepare's entry point imports the harness (autoresearch.data)
     cache, manifest, home = runtime.cache_dir().resolve(), runtime.require_manifest(), Path.home()
+    args = _empty_root(home)
+    shown, binds = _shown(argv, home)
+    args += binds
+    hidden = _hidden(cache, manifest, home)
+    trees = shown + [Path(d) for d in ("/usr", "/etc", "/opt/conda") if os.path.isdir(d)]
+    args += mask([p for p in hidden if any(p.is_relative_to(t.resolve()) for t in trees)])
+    args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
+    # after the masks (a parallel loop's agent works under the caches), and masked itself where it holds one (a
+    # cache in the repository)
+    args += ["--ro-bind", str(workdir.resolve()), str(workdir)]
+    args += mask([p for p in hidden if p.is_relative_to(workdir.resolve()) and p != workdir.resolve()])
+    for name in ("manifest.json", "tokenizer.json"):
+        args += ["--ro-bind", str(cache / name), str(cache / name)]
+    for rel in training_files(manifest):
+        args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
+    args += _writable(home, private, writable)
+    args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
+    if broker is not None:
+        args += ["--ro-bind", str(broker), BROKER_DIR]  # a socket connects through a read-only bind
+    if network is not None:  # its own namespace: loopback only; the relay inside hands connections to the proxy
+        proxy = f"http://127.0.0.1:{netproxy.RELAY_PORT}"
+        args += ["--unshare-net", "--ro-bind", str(network), netproxy.NET_DIR]  # nothing written there
+        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+            args += ["--setenv", name, proxy]
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            args += ["--unsetenv", name]
+        argv = [sys.executable, "-I", str(Path(netproxy.__file__).with_name("netrelay.py")),
+                f"{netproxy.NET_DIR}/{netproxy.SOCKET_NAME}", str(netproxy.RELAY_PORT), "--", *argv]
+    return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
+
+
+def _empty_root(home: Path) -> list[str]:
+    """bubblewrap's start: no capability, its own session, process and IPC namespaces, /dev, /proc (a few of
+    its entries read-only), the system's directories, private /tmp and /run (the host's sockets there hidden,
+    DNS's stub kept), and a tmpfs at your home's path."""
     args = ["bwrap", *CONFINED, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc",
             "--dev", "/dev", "--proc", "/proc"]
     for entry in PROC_READ_ONLY:
@@ -79,13 +114,19 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
             args += ["--ro-bind", keep, keep]
     if home != Path("/"):
         args += ["--tmpfs", str(home)]
-    # read-only trees, parents first (what a parent shows is not bound again): Python, the harness, the agent's
-    # program and what its first line runs, the files the command names (a script), its settings
+    return args
+
+
+def _shown(argv: list[str], home: Path) -> tuple[list[Path], list[str]]:
+    """The read-only trees (parents first: what a parent shows is not bound again): Python, the harness, the
+    agent's program and what its first line runs, the files the command names (a script), its settings; and
+    the binds that show them, with the agent's command made again where PATH finds it."""
     harness = Path(__file__).resolve().parent.parent
     installs, entries = needed(argv[0]) if argv else ([], [])
     named = [Path(a) for a in argv[1:] if a.startswith("/") and os.path.isfile(a)]
     config = [home / rel for rel in AGENT_CONFIG if (home / rel).exists()]
     shown: list[Path] = []
+    args: list[str] = []
     for d in sorted({*python_dirs(), harness, *installs, *named, *config}, key=lambda d: len(d.parts)):
         # never one that holds your home (a PYTHONPATH of ~): the agent would see all of it
         if in_system(d) or any(d.is_relative_to(p) for p in shown) or home.resolve().is_relative_to(d.resolve()):
@@ -96,9 +137,13 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
         # not where the system's directories show it already (/bin/sh through merged /usr's /bin -> usr/bin)
         if not any(path.is_relative_to(parent) for parent in shown) and not in_system(path.parent.resolve()):
             args += ["--symlink", str(real), str(path)]
-    # what a tree shown holds and an agent may not see: every prepared cache (a second profile's beside the
-    # default one), the compile caches, the tags' secret draws (made first if missing: one made later in a tree
-    # shown would be visible), the local corpus and npm's cache (gutenberg's raw books), Ray's token
+    return shown, args
+
+
+def _hidden(cache: Path, manifest: dict, home: Path) -> list[Path]:
+    """What a tree shown holds and an agent may not see: every prepared cache (a second profile's beside the
+    default one), the compile caches, the tags' secret draws (made first if missing: one made later in a tree
+    shown would be visible), the local corpus and npm's cache (gutenberg's raw books), Ray's token."""
     for prepared in {cache, *prepared_caches()}:
         heldout.secrets_dir(prepared).mkdir(mode=0o700, parents=True, exist_ok=True)
     hidden = {cache, *cache.parent.glob(cache.name + "*"), *(home / ".cache").glob("autoresearch*"),
@@ -107,18 +152,13 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
         hidden |= {other, *other.parent.glob(other.name + "*")}
     source, ray = manifest.get("source", {}).get("path"), os.environ.get("RAY_AUTH_TOKEN_PATH")
     hidden |= {Path(p) for p in (source, ray) if p}
-    hidden = sorted({p.resolve() for p in hidden if p.exists()})
-    trees = shown + [Path(d) for d in ("/usr", "/etc", "/opt/conda") if os.path.isdir(d)]
-    args += mask([p for p in hidden if any(p.is_relative_to(t.resolve()) for t in trees)])
-    args += ["--unsetenv", "RAY_AUTH_TOKEN", "--unsetenv", "RAY_AUTH_TOKEN_PATH"]
-    # after the masks (a parallel loop's agent works under the caches), and masked itself where it holds one (a
-    # cache in the repository)
-    args += ["--ro-bind", str(workdir.resolve()), str(workdir)]
-    args += mask([p for p in hidden if p.is_relative_to(workdir.resolve()) and p != workdir.resolve()])
-    for name in ("manifest.json", "tokenizer.json"):
-        args += ["--ro-bind", str(cache / name), str(cache / name)]
-    for rel in training_files(manifest):
-        args += ["--ro-bind", str((cache / rel).resolve()), str(cache / rel)]
+    return sorted({p.resolve() for p in hidden if p.exists()})
+
+
+def _writable(home: Path, private: Path | None, writable) -> list[str]:
+    """The agent's writable places in its home: its session's scratch (the token files kept for the harness,
+    tokens.py), its credentials and history, `--allow`'s new directories, a copy of PRIVATE_STATE."""
+    args: list[str] = []
     for rel in AGENT_SCRATCH:
         # kept for the harness where the agent can make it: it exists, or its parent is in the home's tmpfs
         if private is not None and rel in TOKEN_SCRATCH and ((home / rel).is_dir()
@@ -136,19 +176,7 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
             copy = private / rel.lstrip(".")
             shutil.copyfile(home / rel, copy)
             args += ["--bind", str(copy), str(home / rel)]
-    args += ["--bind", str((workdir / "train.py").resolve()), str(workdir / "train.py")]
-    if broker is not None:
-        args += ["--ro-bind", str(broker), BROKER_DIR]  # a socket connects through a read-only bind
-    if network is not None:  # its own namespace: loopback only; the relay inside hands connections to the proxy
-        proxy = f"http://127.0.0.1:{netproxy.RELAY_PORT}"
-        args += ["--unshare-net", "--ro-bind", str(network), netproxy.NET_DIR]  # nothing written there
-        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
-            args += ["--setenv", name, proxy]
-        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
-            args += ["--unsetenv", name]
-        argv = [sys.executable, "-I", str(Path(netproxy.__file__).with_name("netrelay.py")),
-                f"{netproxy.NET_DIR}/{netproxy.SOCKET_NAME}", str(netproxy.RELAY_PORT), "--", *argv]
-    return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
+    return args
 
 
 def scratch_home(private: Path) -> Path:
