@@ -304,39 +304,44 @@ class Researcher(MoveProposer):
         every run in flight; in_flight: their descriptions (their arms are not moved again now)."""
         found, past = self.allowed(source, running, in_flight)
         decided = [e for e in past if e.outcome != "open" and e.arm]
-        champion = self.champion
         fit = tokens_per_parameter(self.rows, git.blob_of(source), source, self.profile)
         values = read_constants(source, self.profile)
+        move = (self._back_to_record(found, decided) or self._step_again(found, past, fit, values)
+                or self._draw(found, decided, fit, values))
+        return move.source, move.description
 
-        def same(e: Experiment, m: Move) -> bool:
-            return e.arm == m.arm and _same_move(e.params, m.params)
+    def _tried_here(self, m: Move, decided: list[Experiment]) -> bool:
+        """Whether move m was decided against the current champion."""
+        return any(e.arm == m.arm and _same_move(e.params, m.params) and e.parent == self.champion for e in decided)
 
-        def tried_here(m: Move) -> bool:  # decided against the current champion
-            return any(same(e, m) and e.parent == champion for e in decided)
-
-        # 1. back to the public record's choice where the champion strayed from it: first, and once more after
-        #    the champion changed (a repair that failed next to another broken place may pay once it is fixed)
+    def _back_to_record(self, found: list[Move], decided: list[Experiment]) -> Move | None:
+        """1. Back to the public record's choice where the champion strayed from it: first, and once more after
+        the champion changed (a repair that failed next to another broken place may pay once it is fixed)."""
         for m in found:
-            if m.prior == PRIOR_TOWARDS and not tried_here(m) and sum(same(e, m) for e in decided) < RECORD_TRIES:
-                return m.source, m.description
-        # 2. a constant whose step was just kept, stepped again the same way
+            tries = sum(e.arm == m.arm and _same_move(e.params, m.params) for e in decided)
+            if m.prior == PRIOR_TOWARDS and not self._tried_here(m, decided) and tries < RECORD_TRIES:
+                return m
+        return None
+
+    def _step_again(self, found: list[Move], past: list[Experiment], fit, values: dict) -> Move | None:
+        """2. A constant whose step was just kept, stepped again the same way; still far from the size the
+        budget suits, the size step nearest it (a halving again), else a full step."""
         kept = [e for e in past if e.outcome == "keep" and e.arm]
-        if kept and kept[-1].arm.startswith("tune ") and "from" in kept[-1].params:
-            last = kept[-1]
-            name = last.arm.split(" ", 1)[1]
-            way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
-            again = [m for m in found if m.arm == last.arm and m.direction == way and not m.fine]
-            # still far from the size the budget suits: the step nearest it (a halving again); else a full step
-            move = ((last.arm in SIZE_ARMS and size_direction(fit) == way and size_step(again, values, fit))
-                    or next((m for m in again if not m.coarse), None))
-            if move:
-                return move.source, move.description
-        # 3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments
-        # a half step (a value between) once no full step of its constant is left to try from this champion
-        # (run, or rebuilding the champion before it) and one failed against it
+        if not (kept and kept[-1].arm.startswith("tune ") and "from" in kept[-1].params):
+            return None
+        last = kept[-1]
+        name = last.arm.split(" ", 1)[1]
+        way = "up" if _greater(last.params.get(name), last.params["from"]) else "down"
+        again = [m for m in found if m.arm == last.arm and m.direction == way and not m.fine]
+        return ((last.arm in SIZE_ARMS and size_direction(fit) == way and size_step(again, values, fit))
+                or next((m for m in again if not m.coarse), None))
+
+    def _draw(self, found: list[Move], decided: list[Experiment], fit, values: dict) -> Move:
+        """3. Thompson sampling over the arms, each belief its prior updated by the arm's decided experiments.
+        A half step (a value between) once no full step of its constant is left to try from this champion and
+        one failed against it; a halving or doubling of the model's size only toward the size the budget suits."""
         full_left = {m.arm for m in found if not m.fine}
-        failed_here = {e.arm for e in decided if e.parent == champion and e.outcome != "keep"}
-        # a halving or doubling of the model's size, toward the size the budget suits where it is far from it
+        failed_here = {e.arm for e in decided if e.parent == self.champion and e.outcome != "keep"}
         toward = size_direction(fit)
         arms: dict[str, list[Move]] = {}
         for m in found:
@@ -348,28 +353,32 @@ class Researcher(MoveProposer):
             raise RuntimeError("the built-in proposer has no untried move left from this train.py")
         best, best_draw = None, -1.0
         for arm in sorted(arms):
-            options = [m for m in arms[arm] if not tried_here(m)] or arms[arm]
+            options = [m for m in arms[arm] if not self._tried_here(m, decided)] or arms[arm]
             favoured = [m for m in options if size_prior(m, fit) == PRIOR_TOWARDS]
             move = ((arm in SIZE_ARMS and size_step(favoured, values, fit))
                     or self.rng.choice(favoured or options))
-            # an idea with a record's choice: moves away from it learn only from moves away (a kept repair
-            # says nothing for breaking it again)
-            keeps = fails = 0.0
-            for e in decided:
-                if e.arm != arm or (move.prior == PRIOR_AWAY and ideas.IDEAS[arm].recommended == e.params):
-                    continue
-                weight = 1.0 if e.parent == champion else OLD_FAILURE
-                if e.outcome == "keep":
-                    keeps += 1
-                elif e.outcome == "discard" and e.effect is not None and e.effect < 0:
-                    keeps, fails = keeps + 0.5, fails + 0.5 * weight  # better, but not surely
-                else:
-                    fails += weight
-            prior = size_prior(move, fit)
+            prior, (keeps, fails) = size_prior(move, fit), self._belief(arm, move, decided)
             draw = self.rng.betavariate(prior[0] + keeps, prior[1] + fails)
             if draw > best_draw:
                 best, best_draw = move, draw
-        return best.source, best.description
+        return best
+
+    def _belief(self, arm: str, move: Move, decided: list[Experiment]) -> tuple[float, float]:
+        """(keeps, failures) of the arm's decided experiments: a failure against an earlier champion counts
+        OLD_FAILURE, a discard better than its champion but not surely half of each. An idea with a record's
+        choice: moves away from it learn only from moves away (a kept repair says nothing for breaking it)."""
+        keeps = fails = 0.0
+        for e in decided:
+            if e.arm != arm or (move.prior == PRIOR_AWAY and ideas.IDEAS[arm].recommended == e.params):
+                continue
+            weight = 1.0 if e.parent == self.champion else OLD_FAILURE
+            if e.outcome == "keep":
+                keeps += 1
+            elif e.outcome == "discard" and e.effect is not None and e.effect < 0:
+                keeps, fails = keeps + 0.5, fails + 0.5 * weight  # better, but not surely
+            else:
+                fails += weight
+        return keeps, fails
 
 
 def _greater(a, b) -> bool:
