@@ -140,6 +140,32 @@ def flag_lines(rows: list[ledger.Row]) -> list[str]:
     return [f"FLAG {r.commit} ({r.status}, run {r.run_id}): {r.flags}" for r in rows if r.flags]
 
 
+STYLES = {"discard": ("#b0b0b0", "discarded"), "confirm": ("#4a90c2", "confirming"), "keep": ("#2a9d4a", "kept"),
+          "control": ("#d08c2a", "control (the base beside a candidate)")}
+
+
+def champion_curve(rows: list[ledger.Row], key_of: dict[str, str]) -> tuple[list, list, list]:
+    """The champion after each run (x: the run's place): its configuration's mean over the runs so far, and +- 1
+    sem with the pooled noise."""
+    cx, cm, cs = [], [], []
+    seen_rows: list[ledger.Row] = []
+    for x, r in enumerate(rows, 1):
+        seen_rows.append(r)
+        champ = decide.champion(seen_rows)
+        if champ is None or champ.run_id not in key_of:
+            continue
+        so_far = {}
+        for q in seen_rows:
+            if q.run_id in key_of:
+                so_far.setdefault(key_of[q.run_id], []).append(q.val_bpb)
+        mine = so_far[key_of[champ.run_id]]
+        noise = decide.pooled_noise(so_far)
+        cx.append(x)
+        cm.append(fmean(mine))
+        cs.append(decide.sem(mine, noise) if noise else 0.0)
+    return cx, cm, cs
+
+
 def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress",
          groups: dict[str, list[ledger.Row]] | None = None) -> Path:
     """Every run a dot (repeats of a configuration hollow), the champion's mean as a step line with its +-1 sem
@@ -158,9 +184,7 @@ def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress"
     for _, r in done:
         repeat[r.run_id] = key_of[r.run_id] in seen
         seen.add(key_of[r.run_id])
-    styles = {"discard": ("#b0b0b0", "discarded"), "confirm": ("#4a90c2", "confirming"), "keep": ("#2a9d4a", "kept"),
-              "control": ("#d08c2a", "control (the base beside a candidate)")}
-    for status, (color, label) in styles.items():
+    for status, (color, label) in STYLES.items():
         firsts = [(x, r.val_bpb) for x, r in done if r.status == status and not repeat[r.run_id]]
         repeats = [(x, r.val_bpb) for x, r in done if r.status == status and repeat[r.run_id]]
         if firsts:
@@ -168,23 +192,7 @@ def plot(rows: list[ledger.Row], out: Path, title: str = "autoresearch progress"
         if repeats:
             ax.scatter(*zip(*repeats), s=30 if status == "keep" else 18, facecolors="none", edgecolors=color,
                        label=f"{label} (repeat)", zorder=3)
-    # the champion after each run: its configuration's mean over the runs so far, +- 1 sem with the pooled noise
-    cx, cm, cs = [], [], []
-    seen_rows: list[ledger.Row] = []
-    for x, r in zip(xs, rows):
-        seen_rows.append(r)
-        champ = decide.champion(seen_rows)
-        if champ is None or champ.run_id not in key_of:
-            continue
-        so_far = {}
-        for q in seen_rows:
-            if q.run_id in key_of:
-                so_far.setdefault(key_of[q.run_id], []).append(q.val_bpb)
-        mine = so_far[key_of[champ.run_id]]
-        noise = decide.pooled_noise(so_far)
-        cx.append(x)
-        cm.append(fmean(mine))
-        cs.append(decide.sem(mine, noise) if noise else 0.0)
+    cx, cm, cs = champion_curve(rows, key_of)
     if cx:
         cx.append(xs[-1] + 0.5)
         cm.append(cm[-1])
