@@ -227,9 +227,9 @@ def forward(argv: list[str]) -> int:
     return 1
 
 
-def start(repo: Path, command: list[str], writable: list[str], parser: argparse.ArgumentParser) -> int:
-    """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker checking what it
-    asks with `parser` (the CLI's); its exit status."""
+def checked(repo: Path, command: list[str], writable: list[str]) -> tuple[list[str], list[Path]]:
+    """The agent's command (default: the user's shell) and `--allow`'s directories, made, once everything it
+    needs is there: bubblewrap (never unconfined), prepared data, the program, only new directories."""
     import prepare
     if not sandbox.bwrap_works():  # never unconfined
         raise errors.HarnessError("`autoresearch agent` confines the agent with bubblewrap, which is missing or "
@@ -245,7 +245,13 @@ def start(repo: Path, command: list[str], writable: list[str], parser: argparse.
         problem = confine.allow_problem(Path(w), repo, prepare.cache_dir())
         if problem:
             raise errors.HarnessError(problem)
-    allowed = [confine.allow(Path(w)) for w in writable]
+    return command, [confine.allow(Path(w)) for w in writable]
+
+
+def start(repo: Path, command: list[str], writable: list[str], parser: argparse.ArgumentParser) -> int:
+    """`autoresearch agent`: run `command` (default: the user's shell) confined, with a broker checking what it
+    asks with `parser` (the CLI's); its exit status."""
+    command, allowed = checked(repo, command, writable)
     cap = agentcgroup.Cap("broker")  # what it holds while paused is bounded (agentcgroup.py)
     frozen = agentcgroup.Freezer("broker", v2=cap.prefix[:1] != ["systemd-run"])  # a pause it cannot undo (pause.py)
     broker = Broker(repo, parser)
