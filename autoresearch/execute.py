@@ -11,6 +11,7 @@ execute, and record.py turns what it returns into a row.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from autoresearch import (cgroups, compiled, fixed, git, guard, heldout, process
                           supervise, tags)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import harness, safe_read, scoring
+from autoresearch.evaluator.probes import CAUSAL_PROBES
 from autoresearch.evaluator.request import Request
 from autoresearch.tagconfig import Tag
 
@@ -271,9 +273,13 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
 
     threshold = pending.trial.test_threshold
     request = Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
-                               result["check_bpb"], threshold if threshold is not None else float("inf"),
-                               draw=heldout.draw(ctx.config))
+                      result["check_bpb"], threshold if threshold is not None else float("inf"),
+                      draw=heldout.draw(ctx.config),
+                      # audited when its series is kept (audit), or never: no deeper probing now
+                      **({"audit_probes": CAUSAL_PROBES} if pending.trial.audit_at_keep else {}))
     evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
+    if pending.trial.audit_at_keep:
+        evaluation["audit_at_keep"] = True
     evaluation["outside_s"] = round(facts.took - facts.budget, 3)
     evaluation["allowance_s"] = facts.allowance
     status, reason = "ok", ""
@@ -287,6 +293,55 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
                                      f"{evaluation['val_bpb']:.6f}")
     state.atomic_json(attempt.run_dir / state.EVALUATION, evaluation)
     return Execution(status, reason, result, evaluation, facts.training)
+
+
+AUDIT = "audit.json"  # in a run's directory: its causality audit when it was made at its series' keep (audit)
+
+
+def _harness_json(path: Path) -> dict:
+    """A JSON file the harness wrote in a run's directory, read as a regular file of bounded size."""
+    return json.loads(safe_read.read_regular(path, safe_read.RESULT_LIMIT))
+
+
+def owes_audit(run_dir: Path) -> bool:
+    """Whether a finished run may be kept (its test split was scored) and was not audited: its audit waited for
+    its series' keep (study.Study.audit_at_keep) and has not been made (audit)."""
+    try:
+        evaluation = _harness_json(run_dir / state.EVALUATION)
+        done = _harness_json(run_dir / AUDIT) if os.path.lexists(run_dir / AUDIT) else {}
+    except (OSError, ValueError, safe_read.Unsafe):
+        return True  # unreadable: audited again (fail closed), and an export that is gone refuses the keep
+    return (evaluation.get("test_bpb") is not None and not evaluation.get("audited")
+            and not done.get("audited"))
+
+
+def audit(ctx: Context, run_dir: Path, on_start=None) -> str | None:
+    """The causality audit of a finished run, made when its series is about to be kept (run.audit_series): its
+    exported model (out/, the contract files the harness accepted, the training long ended) scored again by a
+    fresh evaluator with the audit's probes, as it would have been when it was scored. The same export must give
+    the same val_bpb and test_bpb. Writes run_dir/audit.json; returns why the keep is refused, or None."""
+    try:
+        scored = _harness_json(run_dir / state.EVALUATION)
+    except (OSError, ValueError, safe_read.Unsafe) as e:
+        return f"run {run_dir.name}'s evaluation could not be read for its audit ({e})"
+    out = run_dir / sandbox.OUT_DIR
+    if not all((out / name).is_file() and not (out / name).is_symlink() for name in fixed.contract_files()[1:]):
+        return f"run {run_dir.name} may be kept, and its exported model is gone: it cannot be audited"
+    request = Request(str(out), scored["dtype"], scored["device"], scored["check_bpb"], float("inf"),
+                      draw=heldout.draw(ctx.config))
+    evaluation = harness.run_evaluation(ctx.fixed_half.sources, ctx.fixed_half.cache, request, EVAL_TIMEOUT,
+                                        ctx.protection, on_start)
+    state.atomic_json(run_dir / AUDIT, evaluation)
+    if "refused" in evaluation or "error" in evaluation:
+        return f"run {run_dir.name}'s audit: {evaluation.get('refused') or evaluation.get('error')}"
+    tolerance = scoring.CHECK_TOLERANCE[scored["dtype"]]
+    for split in ("val_bpb", "test_bpb") if scored.get("test_bpb") is not None else ("val_bpb",):
+        if not abs(evaluation.get(split, float("nan")) - scored.get(split, float("nan"))) <= tolerance:
+            return (f"run {run_dir.name}'s export scored {split} {evaluation.get(split)} at its audit, "
+                    f"{scored[split]} when it ran")
+    if not evaluation.get("audited"):
+        return f"run {run_dir.name} was not audited ({evaluation.get('causal_probes')} probes)"
+    return None
 
 
 def checked_source(repo: Path, config: Tag, run_dir: Path, commit: str | None) -> str | None:

@@ -46,6 +46,7 @@ class Trial:
     started: str = ""
     compile_from: str = ""  # the tag's base configuration: a new configuration's compile base starts from a copy of
                             # its base, never a champion's (compiled.Wanted)
+    audit_at_keep: bool = False  # its causality audit waits for its series' keep (study.Study.audit_at_keep)
     verify: bool = False   # a verification's run (verify.py): status verify, never an experiment's
     budget_s: float | None = None  # a verification's budget where it is not the tag's
     source: str = ""       # train.py, for a worker; never written to disk with the record

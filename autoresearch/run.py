@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, record,
-                          recovery, sandbox, schedule, state, study, supervise, tags)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, processes,
+                          record, recovery, sandbox, schedule, state, study, supervise, tags)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -60,7 +60,8 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     planned = planned_config(repo)
     plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
     trial = record.Trial(state.new_run_id(), config.tag, git.head(repo), description, seed=plan.seed,
-                         run_no=plan.run_no, test_threshold=plan.test_threshold, protection=protection,
+                         run_no=plan.run_no, test_threshold=plan.test_threshold,
+                         audit_at_keep=plan.audit_at_keep, protection=protection,
                          host=socket.gethostname(), device=config.device_label(), started=state.now())
 
     def refuse(reason: str) -> NoReturn:
@@ -83,22 +84,58 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
     pending = start(repo, trial, plan.repeat, EDITABLE in changed)
     run_dir = state.run_dir(repo, trial.run_id)
-    ex = execute.execute(execute.Context(repo, config, protection, fixed_half), execute.Attempt(
+    ctx = execute.Context(repo, config, protection, fixed_half)
+    ex = execute.execute(ctx, execute.Attempt(
         run_dir, pending, timeout=options.timeout, compile_base=base, on_progress=options.on_progress,
         prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, pending.trial)
+    if row.status == "keep":
+        problem = audit_series(ctx, rows, pending, log)
+        if problem:  # the keep refused, its series ended (record.result_row)
+            ex = replace(ex, status="refused", reason=problem)
+            row = record.result_row(config, ex, rows, rule, series, pending.trial)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
         git.reset_to(repo, tags.last_kept_commit(repo, config, rows), EDITABLE)
         state.fault_point("reset")
-    if row.status != "keep":
-        record.drop_model(run_dir)
+    if row.status not in ("keep", "confirm"):  # a confirmation's model waits for its series' end (it may owe an
+        # audit at the keep); a series that ended without one drops them all
+        ended = not any(s.config == pending.trial.config for s in decide.unfinished(rows + [row]))
+        for done in series_dirs(repo, rows, pending.trial.config, run_dir) if ended else [run_dir]:
+            record.drop_model(done)
     pending.path.unlink()
     return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)
+
+
+def series_dirs(repo: Path, rows: list[ledger.Row], config_id: str, run_dir: Path) -> list[Path]:
+    """The run directories of a configuration's confirmations (its series' runs before the one that decides it)
+    and of the run `run_dir`: the runs a keep vouches for."""
+    return [state.run_dir(repo, r.run_id) for r in rows
+            if r.status == "confirm" and r.config == config_id and r.run_id] + [run_dir]
+
+
+def audit_series(ctx: execute.Context, rows: list[ledger.Row], pending: record.Pending, log) -> str | None:
+    """Before a series is kept: the causality audit of each of its runs that may be kept and was scored without
+    it (study.Study.audit_at_keep), exactly the runs that would have been audited when scored, so a keep vouches
+    for the same audits as before, and a series that ends discarded pays none. Why the keep is refused, or None."""
+    owed = [d for d in series_dirs(ctx.repo, rows, pending.trial.config, state.run_dir(ctx.repo, pending.trial.run_id))
+            if execute.owes_audit(d)]
+    for i, run_dir in enumerate(owed, 1):
+        log(f"auditing run {run_dir.name} before the keep ({i} of {len(owed)}: the causality audit)")
+
+        def started(pid):  # a harness killed during the audit: recovery ends its evaluator too
+            pending.processes.append(processes.identity(pid) or [pid, 0.0])
+            pending.write()
+            state.fault_point("auditing")
+
+        problem = execute.audit(ctx, run_dir, started)
+        if problem:
+            return problem
+    return None
 
 
 def begin(repo: Path, options: Options) -> tuple[Tag, str, str]:

@@ -1,8 +1,8 @@
 """What is decided about a run before it runs, in one place for both loops: a Study (the tag, its decision rule,
 its ledger rows read once) plans each run (Plan: its seed, which run of its configuration it is, its place in
-its series, the val_bpb below which its test split is scored, what it is pruned against). `autoresearch run`
-(run.run_once) and the parallel driver (driver.Driver.job) both ask Study.plan; tests/test_schedule.py replays a
-ledger through both and compares the plans."""
+its series, the val_bpb below which its test split is scored, what it is pruned against, when it is
+audited). `autoresearch run` (run.run_once) and the parallel driver (driver.Driver.job) both ask Study.plan;
+tests/test_schedule.py replays a ledger through both and compares the plans."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ class Plan:
     run_no: int                  # its place in its series
     test_threshold: float | None  # record.test_threshold
     pruning: prune.Reference | None  # a candidate's first run: the base's curves it is stopped against
+    audit_at_keep: bool = False  # its causality audit waits for its series' keep (audit_at_keep below)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,18 @@ class Study:
             self.rows, config_id, [s for c, s in in_flight if c == config_id], self.rule, first)
         return Plan(seed, schedule.repeat_number(self.rows, config_id, [c for c, _ in in_flight]), step.run_no,
                     record.test_threshold(self.rows, self.config, self.rule, step.kind),
-                    self.pruning(step.series is None and step.run_no == 1))
+                    self.pruning(step.series is None and step.run_no == 1), self.audit_at_keep(step))
+
+    def audit_at_keep(self, step: schedule.Next) -> bool:
+        """Whether the run's causality audit (evaluator/probes.py: 4,603 probes, what a run that may be kept gets)
+        waits for its series to be kept (run.audit_series) instead of being made when it is scored: a candidate's
+        run under a repeating rule once there is a champion, whose series may still end discarded (then no run
+        of it needs the audit). A baseline's run, or any run under the naive rule, is kept exactly when it may be
+        kept: audited at once, as before. The parallel driver's runs are audited when scored (a worker's export
+        stays on its machine)."""
+        return (self.rule in decide.REPEATING and step.kind in ("propose", "series")
+                and not (step.series is not None and step.series.kind == "baseline")
+                and decide.champion(self.rows) is not None)
 
     def pruning(self, first_run: bool) -> prune.Reference | None:
         """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,

@@ -1,0 +1,93 @@
+"""The causality audit made when a series is kept (issue 54): a candidate's runs are scored with the probes every
+run gets, and audited (the 4,603 probes of evaluator/probes.py) only if their series ends in a keep, before the
+keep is recorded; the same export gives the same scores; a keep whose audit fails is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from autoresearch import decide, schedule, study
+
+
+def plan_of(rule: str, kept: bool, step: schedule.Next) -> bool:
+    rows = [SimpleNamespace(status="keep")] if kept else []
+    return study.Study(None, None, rule, rows).audit_at_keep(step)
+
+
+def test_only_a_candidates_runs_under_a_repeating_rule_wait_for_their_keep():
+    """What waits: a candidate's runs (new, or the next of its series) under stat and control once there is a
+    champion. What is audited when scored, as before: every baseline run (each is kept as it ends), every run under
+    the naive rule (kept exactly when it may be), a control (never scored as a keep), a run before any champion."""
+    baseline = decide.Series("baseline", "c0", "b0", "baseline", 1)
+    candidate = decide.Series("candidate", "c1", "x1", "an idea", 1)
+    for rule in decide.REPEATING:
+        assert plan_of(rule, True, schedule.Next("propose", new=True))
+        assert plan_of(rule, True, schedule.Next("series", series=candidate, run_no=2))
+        assert not plan_of(rule, True, schedule.Next("series", series=baseline, run_no=2))
+        assert not plan_of(rule, True, schedule.Next("control", series=candidate, seed=43))
+        assert not plan_of(rule, False, schedule.Next("baseline"))
+        assert not plan_of(rule, False, schedule.Next("propose", new=True))
+    assert not plan_of("naive", True, schedule.Next("propose", new=True))
+
+
+def set_lrs(source: str, value: float) -> str:
+    from autoresearch.sites import set_constants
+    return set_constants(source, {name: value for name in ("MATRIX_LR", "EMBEDDING_LR", "UNEMBEDDING_LR",
+                                                            "SCALAR_LR")}, "cpu")
+
+
+@pytest.mark.slow
+def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_scores(repo, env, monkeypatch):
+    """Through the CLI, a stat tag: the base learns nothing (every learning rate 0), the candidate learns, so its
+    series ends in a keep. Its runs are scored with 459 probes and audited at the keep: each run's export scored
+    again with 4,603 probes, the same val_bpb and test_bpb. The baseline's runs are audited when scored, as before.
+    Then the audit itself: an export whose recorded score is not what it scores, or that is gone, refuses."""
+    from conftest import cli, sh
+
+    from autoresearch import execute, fixed, ledger, sandbox, state, tags
+    from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES
+    learning = (repo / "train.py").read_text()
+    (repo / "train.py").write_text(set_lrs(learning, 0.0))
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "a base that learns nothing")
+    assert cli(repo, "setup", "--tag", "a", env=env).returncode == 0
+    out = cli(repo, "run", "-m", "baseline", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (repo / "train.py").write_text(learning)
+    out = cli(repo, "run", "-m", "learning rates back", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = ledger.read(repo / "results.tsv")
+    base, mine = rows[:3], rows[3:]
+    assert [r.status for r in base] == ["keep"] * 3
+    assert mine[-1].status == "keep" and all(r.status == "confirm" for r in mine[:-1]), [r.status for r in mine]
+    assert out.stdout.count("auditing run") == len(mine), out.stdout
+    for r in base:
+        evaluation = json.loads((state.run_dir(repo, r.run_id) / state.EVALUATION).read_text())
+        assert evaluation["audited"] and evaluation["causal_probes"] > CAUSAL_PROBES
+        assert not (state.run_dir(repo, r.run_id) / execute.AUDIT).exists()
+    for r in mine:
+        run_dir = state.run_dir(repo, r.run_id)
+        scored = json.loads((run_dir / state.EVALUATION).read_text())
+        audit = json.loads((run_dir / execute.AUDIT).read_text())
+        assert scored["audit_at_keep"] and not scored["audited"] and scored["causal_probes"] <= CAUSAL_PROBES
+        assert audit["audited"] and CAUSAL_PROBES < audit["causal_probes"] <= AUDIT_PROBES
+        assert (audit["val_bpb"], audit["test_bpb"]) == (scored["val_bpb"], scored["test_bpb"])
+        assert (round(scored["val_bpb"], 6), round(scored["test_bpb"], 6)) == (r.val_bpb, r.test_bpb)
+        assert not execute.owes_audit(run_dir)
+
+    monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])  # the tag's data and secret draw
+    config = tags.load_tag(repo)
+    ctx = execute.Context(repo, config, "none", fixed.of_tag(repo, config))
+    kept = state.run_dir(repo, mine[-1].run_id)
+    lying = repo.parent / "lying"
+    shutil.copytree(kept, lying)
+    (lying / execute.AUDIT).unlink()
+    scored = json.loads((lying / state.EVALUATION).read_text())
+    (lying / state.EVALUATION).write_text(json.dumps(dict(scored, val_bpb=scored["val_bpb"] - 0.1)))
+    assert execute.owes_audit(lying)
+    assert "scored val_bpb" in execute.audit(ctx, lying)
+    (lying / sandbox.OUT_DIR / fixed.contract_files()[2]).unlink()
+    assert "exported model is gone" in execute.audit(ctx, lying)
