@@ -37,7 +37,8 @@ SOCKET_NAME = "harness.sock"
 # `--sandbox on`, and `run` needs a tag whose protection is bubblewrap
 BROKERED = {
     "setup": {"tag", "decision", "timeout", "sandbox"},
-    "run": {"message", "seed", "decision", "timeout", "sandbox", "detach"},
+    "run": {"message", "decision", "timeout", "sandbox", "detach"},  # never --seed: an agent that saw every run's
+    # seed and val_bpb (status --json) would start a candidate on seeds that were lucky for others
     "wait": {"timeout"},
     "status": {"json"},
     "best": set(),

@@ -75,11 +75,11 @@ def status(repo: Path) -> str:
 
 def carried(repo: Path, config) -> dict | None:
     """The work tree's train.py against the tag's limit on what it carries (heldout.headroom); None unreadable."""
-    from autoresearch import git, heldout, state
+    from autoresearch import git, heldout, state, untrusted
     try:
         base = git.git(repo, "show", f"{config.base_commit}:{state.EDITABLE}", strip=False).encode()
-        return heldout.headroom((repo / state.EDITABLE).read_bytes(), config, base)
-    except (OSError, git.GitError):
+        return heldout.headroom(untrusted.work_tree_source(repo), config, base)
+    except (OSError, git.GitError, HarnessError):
         return None
 
 

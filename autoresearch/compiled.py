@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import cgroups, fixed, guard, machine, processes, sandbox, scratch
+from autoresearch import cgroups, descriptions, fixed, guard, machine, processes, sandbox, scratch
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
 
@@ -207,7 +207,8 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
                 remove(base)
             (base / "headers").mkdir(parents=True)
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
-            log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n{tail}")
+            log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n"
+                f"{descriptions.printable(tail)}")
     finally:
         if os.path.lexists(phase_base):
             scratch.release(phase_base)

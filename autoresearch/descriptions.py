@@ -48,14 +48,21 @@ def clean(text: str) -> str:
     return f'"{text}"' if CONTROL_RE.match(text) else text
 
 
+def printable(text: str) -> str:
+    """Text a run wrote (its log, its errors) as the harness prints it to a terminal: lines and tabs kept, every
+    other character that is not printable (an escape sequence's ESC, a BEL) as `?`."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in text)
+
+
 def repeated(description: str, run_no: int) -> str:
     """The description of a series' run_no-th run."""
     return f"{description}{REPEAT_MARK}{run_no}]"
 
 
 def noted(description: str, kind: str, reason: str) -> str:
-    """The description of a run that ended as `kind` (CRASH, REFUSED, INTERRUPTED), with why."""
-    return f"{description} [{kind}: {reason}]"
+    """The description of a run that ended as `kind` (CRASH, REFUSED, INTERRUPTED), with why: one line, printable
+    (a reason may quote what the run wrote: its export error, its log)."""
+    return f"{description} [{kind}: {printable(' '.join(reason.split()))}]"
 
 
 def agent_noted(description: str, notes: list[str]) -> str:

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import (cgroups, compiled, fixed, git, guard, heldout, processes, sandbox, scratch, state,
-                          supervise, tags)
+from autoresearch import (cgroups, compiled, descriptions, fixed, git, guard, heldout, processes, sandbox, scratch,
+                          state, supervise, tags, untrusted)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.probes import CAUSAL_PROBES
@@ -178,22 +178,36 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
             training = supervise.run_training(launch, attempt.pending, attempt.on_progress, attempt.prune)
         finally:
             scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
-            dropped = settle(out, config.out_limit_bytes)  # the contract files, copied off the tmpfs
-        if dropped:
-            supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the "
-                                  "contract files are): " + ", ".join(dropped[:5]) + (
-                                      "" if bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
-        # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
-        refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
-        if refusal is not None:
-            return Execution("refused", refusal, None, {}, training)
-        if training.pruned:
-            return Execution("pruned", training.pruned, None, {}, training)
-        facts = read_facts(ctx, attempt, training, dropped, timeout)
-        for outcome, fails, reason in CHECKS:
-            if fails(facts):
-                return Execution(outcome, reason(facts), facts.result, {}, training)
-        return evaluated(ctx, attempt, evaluator, facts)
+        # From here on the harness reads what the training left. Whatever that makes fail is the run's crash,
+        # recorded: never an exception that leaves the run "interrupted", which would let the same train.py run
+        # again on the same seed once it saw how its training went (an export_error of 1 did, on demand).
+        try:
+            return _after_training(ctx, attempt, evaluator, training, watch, base_before, bounded, timeout)
+        except Exception as e:  # not KeyboardInterrupt: the user's Ctrl-C stays an interruption
+            return Execution("crash", f"the harness could not check what the run left ({type(e).__name__}: "
+                             f"{descriptions.printable(str(e))[:300]})", None, {}, training)
+
+
+def _after_training(ctx: Context, attempt: Attempt, evaluator, training: supervise.Training, watch: guard.Guard,
+                    base_before, bounded: bool, timeout: float) -> Execution:
+    """What the training left, checked in order (integrity, pruning, the result's facts, CHECKS), then evaluated."""
+    config, run_dir = ctx.config, attempt.run_dir
+    dropped = settle(run_dir / sandbox.OUT_DIR, config.out_limit_bytes)  # the contract files, copied off the tmpfs
+    if dropped:
+        supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the "
+                              "contract files are): " + ", ".join(dropped[:5]) + (
+                                  "" if bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
+    # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
+    refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
+    if refusal is not None:
+        return Execution("refused", refusal, None, {}, training)
+    if training.pruned:
+        return Execution("pruned", training.pruned, None, {}, training)
+    facts = read_facts(ctx, attempt, training, dropped, timeout)
+    for outcome, fails, reason in CHECKS:
+        if fails(facts):
+            return Execution(outcome, reason(facts), facts.result, {}, training)
+    return evaluated(ctx, attempt, evaluator, facts)
 
 
 def boundary(config, out: Path) -> bool:
@@ -348,7 +362,7 @@ def checked_source(repo: Path, config: Tag, run_dir: Path, commit: str | None) -
     """train.py read once, checked, and kept in run_dir (sandbox.SOURCE) for the training: what runs is what was
     checked, and what was committed. Why not, or None. A confined agent can rewrite the work tree's train.py at
     any moment (`autoresearch agent`): between the run's own check and its commit, or while it trains."""
-    source = (repo / state.EDITABLE).read_bytes()
+    source = untrusted.work_tree_source(repo)
     (run_dir / sandbox.SOURCE).write_bytes(source)
     committed = git.git(repo, "rev-parse", f"{commit}:{state.EDITABLE}") if commit else None
     if committed and git.blob_id(repo, state.EDITABLE, source) != committed:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autoresearch import git, sandbox, state
 from autoresearch.errors import HarnessError
-from autoresearch.evaluator import safe_read
+from autoresearch.evaluator import safe_read, scoring
 from autoresearch.tagconfig import Tag
 
 
@@ -136,19 +136,30 @@ def contract_files() -> tuple[str, ...]:
     return prepare.RESULT_FILE, prepare.GRAPH_FILE, prepare.TENSORS_FILE
 
 
+# The keys of result.json the harness reads beyond prepare.RESULT_SCHEMA's, where present (absent or null: not
+# given), and their types: every value the harness reads from the file is checked here, before anything uses it
+# (an export_error of 1 made the harness itself fail after the training, and the run was redrawn on its seed).
+OPTIONAL_RESULT = {"export_error": str, "val_bpb": (int, float), "compile_seconds": (int, float), "data_seed": int}
+DTYPES = tuple(scoring.CHECK_TOLERANCE)  # what a run may say it computed in: the dtypes the evaluator scores
+
+
 def check_result(result) -> list[str]:
-    """What is wrong with a result.json's contents against prepare.RESULT_SCHEMA (empty if nothing)."""
+    """What is wrong with a result.json's contents against prepare.RESULT_SCHEMA and OPTIONAL_RESULT (empty if
+    nothing)."""
     if not isinstance(result, dict):
         return ["result.json does not hold an object"]
     problems = []
-    for key, types in contract().RESULT_SCHEMA.items():
+    for key, types in [*contract().RESULT_SCHEMA.items(), *OPTIONAL_RESULT.items()]:
         value = result.get(key)
         if value is None:
-            problems.append(f"no {key}")
+            if key not in OPTIONAL_RESULT:
+                problems.append(f"no {key}")
         elif isinstance(value, bool) or not isinstance(value, types):
-            problems.append(f"{key}={value!r} is not of type {getattr(types, '__name__', 'number')}")
+            problems.append(f"{key}={ascii(value)[:80]} is not of type {getattr(types, '__name__', 'number')}")
         elif isinstance(value, float) and not math.isfinite(value):
             problems.append(f"{key}={value!r} is not finite")
+    if isinstance(result.get("dtype"), str) and result["dtype"] not in DTYPES:
+        problems.append(f"dtype={ascii(result['dtype'])[:80]} is none of {', '.join(DTYPES)}")
     return problems
 
 

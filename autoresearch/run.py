@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, processes,
-                          record, recovery, sandbox, schedule, state, study, supervise, tags)
+                          record, recovery, sandbox, schedule, state, study, supervise, tags,
+                          untrusted)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -50,6 +51,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     repeats, a candidate's confirmation), else a new candidate: train.py as the agent left it."""
     log = options.log
     config, protection, rule = begin(repo, options)
+    untrusted.work_tree_source(repo)  # a plain file of bounded size, before git hashes it
     rows = ledger.read(state.results(repo), config.tag)
     step = schedule.next_run(rows, [], rule, True, "")
     series = step.series  # None: this run is a new candidate
@@ -212,7 +214,7 @@ def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: floa
         return (f"files other than {EDITABLE} changed ({', '.join(others[:5])}); only {EDITABLE} may be edited. "
                 f"Undo them (`git checkout -- FILE`, or delete new files) and run again")
     base = git.git(repo, "show", f"{config.base_commit}:{EDITABLE}", strip=False).encode()
-    problem = train_py_problem((repo / EDITABLE).read_bytes(), config, base)
+    problem = train_py_problem(untrusted.work_tree_source(repo), config, base)
     if problem:
         return problem
     return tags.preflight(repo, config)

@@ -273,13 +273,21 @@ def wrap(argv: list[str], repo: Path, run_dir: Path, cache: Path, manifest: dict
         args += ["--ro-bind", real, real]
     args += ["--bind", directory(run_dir / OUT_DIR), str(run_dir / OUT_DIR)]
     hf_home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    if hf_home.is_dir():  # kernels' FA3, fetched once by hand: read-only, and HOME is /tmp in here
-        args += ["--ro-bind", str(hf_home), str(hf_home), "--setenv", "HF_HOME", str(hf_home)]
+    kernel = hf_home / "hub" / FA3_CACHE
+    if kernel.is_dir() and not kernel.is_symlink():  # kernels' FA3, fetched once by hand: that repository alone,
+        # read-only (HOME is /tmp in here). Never the whole cache: a user's cached datasets (climbmix's held-out
+        # pool among them) would be the training's to read
+        args += ["--ro-bind", str(kernel), str(kernel), "--setenv", "HF_HOME", str(hf_home)]
     compiled = run_dir / COMPILE_DIR
     if os.path.lexists(compiled):
         args += ["--bind", directory(compiled), str(compiled), "--bind", directory(compiled / "headers"),
                  inductor_default_dir()]
     return finish(args, repo, argv)
+
+
+# The Hugging Face hub cache's directory of the FA3 kernel runtime.py loads (get_kernel("varunneal/flash-attention-3")
+# on Hopper): what a training sees of HF_HOME.
+FA3_CACHE = "models--varunneal--flash-attention-3"
 
 
 def wrap_evaluator(argv: list[str], private: Path, cache: Path, out: Path, source: Path | None = None) -> list[str]:

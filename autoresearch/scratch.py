@@ -140,19 +140,42 @@ def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int 
         unmount(out)
         out.rmdir()
     else:
-        empty(out)
-        out.rmdir()
+        try:
+            empty(out)
+            out.rmdir()
+        except OSError as e:  # what the training left resists removal: set aside in the run's directory, never read
+            aside = out.with_name(f"{out.name}.left-{os.getpid()}-{len(os.listdir(out.parent))}")
+            out.rename(aside)
+            dropped.append(f"(out/ could not be emptied, set aside as {aside.name}: {ascii(str(e))})")
     kept.rename(out)
     return dropped
 
 
 def empty(path: Path) -> None:
-    """Remove everything in `path` without following a link out of it."""
+    """Remove everything in `path` without following a link out of it. The training (ended, its processes gone)
+    may have left directories without permissions (mode 000: a user who is not root cannot list or empty them):
+    each is given its owner's rwx first, checked to be a directory and not a link."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
+            _writable_tree(entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
             os.unlink(entry.path)
+
+
+def _writable_tree(top: str) -> None:
+    def opened(d: str) -> bool:
+        try:
+            if stat.S_ISDIR(os.lstat(d).st_mode):
+                os.chmod(d, 0o700)
+                return True
+        except OSError:
+            pass
+        return False
+    if not opened(top):
+        return
+    for root, dirs, _ in os.walk(top):
+        dirs[:] = [d for d in dirs if opened(os.path.join(root, d))]
 
 
 def release(path: Path) -> None:

@@ -111,10 +111,12 @@ def new_run_id() -> str:
 
 
 def tail(path: Path, n: int = 50) -> str:
-    """The last n lines of a text file, or "" when there is none."""
+    """The last n lines of a text file (a run's log: the training's text), as a terminal may show it
+    (descriptions.printable), or "" when there is none."""
+    from autoresearch.descriptions import printable  # descriptions imports nothing of the harness's state
     if not path.exists():
         return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return printable("\n".join(path.read_text(errors="replace").splitlines()[-n:]))
 
 
 def fault_point(name: str) -> None:

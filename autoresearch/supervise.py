@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import fixed, ledger, machine, processes, sandbox, scratch, state
+from autoresearch import descriptions, fixed, ledger, machine, processes, sandbox, scratch, state
 
 LOG_KEEP = 2 << 20    # bytes of a run's output kept from its start, and as many from its end
 
@@ -34,7 +34,7 @@ def progress(log_path: Path) -> tuple[float | None, str | None]:
     found = list(fixed.runtime().STEP_RE.finditer(text))
     if not found:
         return None, None
-    line = text[found[-1].start():].split("\n", 1)[0].strip()
+    line = descriptions.printable(text[found[-1].start():].split("\n", 1)[0].strip())
     return float(found[-1]["elapsed"]), line
 
 

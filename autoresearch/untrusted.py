@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from autoresearch import git, state
+from autoresearch.errors import HarnessError
 from autoresearch.evaluator import safe_read
 
 
@@ -90,6 +91,20 @@ def write(repo: Path, dest: Path, name: str = "train.py") -> Path:
 
 READ_LIMIT = 1 << 20   # bytes of the agent's train.py kept: ten times a tag's limit on its size
 SESSIONS = "agent-sessions"  # under state.state_dir: one folder per session whose train.py was put back
+
+
+def work_tree_source(repo: Path) -> bytes:
+    """The work tree's train.py (what an agent last wrote) read as a regular file of at most READ_LIMIT bytes,
+    without following a link: a sparse 100 GB file, a FIFO or a link costs the harness nothing before it is
+    refused (HarnessError, naming the fix). Read before git or anything else hashes it."""
+    try:
+        return safe_read.read_regular(repo / state.EDITABLE, READ_LIMIT)
+    except FileNotFoundError:
+        raise HarnessError(f"there is no {state.EDITABLE} in {repo}: `git checkout {state.EDITABLE}` restores the "
+                           "branch's") from None
+    except (OSError, safe_read.Unsafe) as e:
+        raise HarnessError(f"{state.EDITABLE} cannot be read as a plain file of at most {READ_LIMIT:,} bytes "
+                           f"({e}); `git checkout {state.EDITABLE}` restores the branch's") from None
 
 
 def saved_path(repo: Path, stamp: str) -> Path:

@@ -280,3 +280,114 @@ def test_a_tmpfs_whose_harness_died_is_unmounted_by_the_next_one(tmp_path):
         assert not os.path.ismount(out)
     finally:
         scratch.release(other)
+
+
+# --- what the training left never makes the harness itself fail (issue 50, a red team's round after it landed) ---
+
+def test_every_value_of_result_json_the_harness_reads_is_typed_before_it_is_read():
+    """An `export_error` of 1 made the harness fail slicing it, after the training: the run was left
+    "interrupted" and the same train.py ran again on its seed (a redraw on demand). Every key the harness reads is
+    typed now, and a dtype is one the evaluator scores."""
+    from autoresearch import fixed
+    good = {"memory_gb": 0.1, "num_steps": 3, "training_seconds": 2.0, "time_budget": 2.0, "check_bpb": 2.5,
+            "device": "cpu", "dtype": "float32", "seed": 42}
+    assert fixed.check_result(good) == [] and fixed.check_result(dict(good, export_error=None, val_bpb=None)) == []
+    for bad, says in [({"export_error": 1}, "export_error"), ({"val_bpb": "low"}, "val_bpb"),
+                      ({"val_bpb": float("nan")}, "not finite"), ({"compile_seconds": [1]}, "compile_seconds"),
+                      ({"data_seed": 4.2}, "data_seed"), ({"dtype": "float8"}, "float8"),
+                      ({"dtype": "\x1b]52;c;x\x07"}, "dtype")]:
+        problems = fixed.check_result(dict(good, **bad))
+        assert problems and says in problems[0] and "\x1b" not in problems[0], (bad, problems)
+
+
+@pytest.mark.slow
+def test_a_failure_while_reading_what_a_training_left_is_its_crash_never_an_interruption(repo, env, monkeypatch):
+    """Through run_once with a real training: anything that fails in the harness while it reads what the run left
+    (here the evaluation, made to raise) is recorded as the run's crash, with pending.json gone, and the same
+    train.py may not start again (it was an interruption, redrawn on its seed, on demand). And through the CLI: a
+    result.json whose export_error is 1 is a crash that names the key."""
+    from conftest import cli
+
+    from autoresearch import execute, ledger, run
+    assert cli(repo, "setup", "--tag", "r", env=env).returncode == 0
+    assert cli(repo, "run", "-m", "baseline", env=env).returncode == 0
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(repo)
+
+    def fails(*args, **kwargs):
+        raise TypeError("'int' object is not subscriptable")
+    monkeypatch.setattr(execute, "evaluated", fails)
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "# a candidate\n")
+    outcome = run.run_once(repo, "a candidate", run.Options(log=lambda *a: None))
+    assert outcome.row.status == "crash" and "could not check what the run left (TypeError" in outcome.row.description
+    assert outcome.row.decision != "interrupted" and not (repo / ".autoresearch" / "pending.json").exists()
+    monkeypatch.undo()
+
+    source = (repo / "train.py").read_text()
+    call = '    finish(model, {**budget.stats(), "num_params": model.num_params()}, EVAL_BATCH_SIZE)'
+    assert call in source
+    (repo / "train.py").write_text(source.replace(call, call.replace('"num_params"', '"export_error": 1, "num_params"')))
+    out = cli(repo, "run", "-m", "export_error 1", env=env)
+    last = ledger.read(repo / "results.tsv")[-1]
+    assert not (repo / ".autoresearch" / "pending.json").exists(), out.stdout + out.stderr
+    assert last.status == "crash" and "export_error=1" in last.description, out.stdout + out.stderr
+
+
+def test_the_training_sees_the_fa3_kernel_of_the_hugging_face_cache_and_nothing_else(tmp_path, small_cache,
+                                                                                     monkeypatch):
+    """The whole HF_HOME was bound into every training, for FA3: a user's cached datasets with it (climbmix's
+    held-out pool is one). Only the kernel's repository is."""
+    hf = tmp_path / "hf"
+    (hf / "hub" / sandbox.FA3_CACHE / "snapshots").mkdir(parents=True)
+    (hf / "hub" / "datasets--karpathy--climbmix-400b-shuffle").mkdir(parents=True)
+    (hf / "token").write_text("secret")
+    monkeypatch.setenv("HF_HOME", str(hf))
+    run_dir = tmp_path / "run"
+    (run_dir / sandbox.OUT_DIR).mkdir(parents=True)
+    manifest = json.loads((small_cache / "manifest.json").read_text())
+    sandbox.make_view(run_dir, small_cache, manifest)
+    argv = sandbox.wrap([sys.executable, "train.py"], tmp_path, run_dir, small_cache, manifest)
+    bound = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--ro-bind", "--bind")]
+    assert str(hf / "hub" / sandbox.FA3_CACHE) in bound
+    assert not [b for b in bound if b.startswith(str(hf)) and b != str(hf / "hub" / sandbox.FA3_CACHE)], bound
+
+
+def test_the_text_a_run_wrote_reaches_the_terminal_printable(tmp_path):
+    """A training's log lines (a crash's tail, the loop's tail, plain step lines) and the reasons quoting it were
+    printed raw: an OSC 52 clipboard write and a title escape reached the user's terminal."""
+    from autoresearch import descriptions, state, supervise
+    log = tmp_path / "run.log"
+    log.write_text("step=1 | loss=9.0 | tok/s=100 | mfu=1.0% | elapsed=1s \x1b]52;c;cGF5bG9hZA==\x07\n"
+                   "\x1b]0;title\x07crash\tdetail\n")
+    assert "\x1b" not in state.tail(log) and "\x07" not in state.tail(log) and "crash\tdetail" in state.tail(log)
+    elapsed, line = supervise.progress(log)
+    assert line is not None and "\x1b" not in line
+    assert "\x1b" not in descriptions.noted("x", descriptions.CRASH, "bad \x1b[2J\nthing")
+
+
+def test_an_agent_may_not_choose_a_runs_seed_through_the_broker(repo):
+    """An agent sees every run's seed and val_bpb (status --json): its own `--seed` would start a candidate on
+    seeds that were lucky for other configurations."""
+    from autoresearch import broker
+    from autoresearch.cli import build_parser
+    with pytest.raises(broker.BrokerError, match="seed"):
+        broker.check(["run", "-m", "x", "--seed", "44"], repo, build_parser())
+
+
+def test_a_train_py_that_is_not_a_plain_file_is_refused_before_anything_reads_it(repo, env):
+    """An agent may leave anything at train.py's path: a FIFO (a read blocks for ever), a sparse file of 100 GB
+    (read whole by `status` and the run's checks, outside the agent's memory limit). Refused with the fix named,
+    before git or the harness hashes it; `status` still answers."""
+    from conftest import cli
+    assert cli(repo, "setup", "--tag", "f", env=env).returncode == 0
+    (repo / "train.py").unlink()
+    os.mkfifo(repo / "train.py")
+    out = cli(repo, "run", "-m", "a fifo", env=env, timeout=60)
+    assert out.returncode == 2 and "cannot be read as a plain file" in out.stderr and "git checkout" in out.stderr
+    (repo / "train.py").unlink()
+    with open(repo / "train.py", "wb") as f:
+        f.truncate(100 << 30)
+    out = cli(repo, "run", "-m", "sparse", env=env, timeout=60)
+    assert out.returncode == 2 and "cannot be read as a plain file" in out.stderr, out.stderr
+    assert cli(repo, "status", env=env, timeout=60).returncode == 0
