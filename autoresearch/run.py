@@ -93,7 +93,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     row = record.result_row(config, ex, rows, rule, series, pending.trial)
-    if row.status == "keep":
+    if row.status == "keep" and pending.trial.audit_at_keep:
         problem = audit_series(ctx, rows, pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)
             ex = replace(ex, status="refused", reason=problem)

@@ -325,7 +325,9 @@ def fake_execute(ctx, attempt):
             return execute.Execution("pruned", why, None, {}, supervise.Training(None, False, None, 1.0, pruned=why))
     val = 2.0 + 20 * abs(lr - 0.03) + 0.003 * noise + 0.001 * ((seed * 31 + round(lr * 1000)) % 3 - 1)
     result = {"memory_gb": 0.1, "num_steps": 10, "compile_seconds": 0.1, "tokens_per_second": 1.0}
-    return execute.Execution("ok", "", result, {"val_bpb": val, "test_bpb": val + 0.01}, training)
+    evaluation = {"val_bpb": val, "test_bpb": val + 0.01, "audited": True}  # as if audited when scored: no audit
+    state.atomic_json(run_dir / state.EVALUATION, evaluation)               # at the keep (test_audit.py has it)
+    return execute.Execution("ok", "", result, evaluation, training)
 
 
 AGENT = """import os, pathlib, re, sys
