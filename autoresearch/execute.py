@@ -131,7 +131,8 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
         return _execute(ctx, attempt, out)
     finally:  # whatever happened: the tmpfs unmounted, out/ holding the contract files alone, the copy gone
         if os.path.ismount(out) or os.path.lexists(scratch.kept_dir(out)):  # not settled yet
-            settle(out, ctx.config.out_limit_bytes)
+            with contextlib.suppress(OSError, safe_read.Unsafe):  # a failure here is already the run's crash
+                settle(out, ctx.config.out_limit_bytes)
         scratch.release(attempt.run_dir / sandbox.COMPILE_DIR)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,6 +139,7 @@ def contract_files() -> tuple[str, ...]:
 # given), and their types: every value the harness reads from the file is checked here, before anything uses it
 # (an export_error of 1 made the harness itself fail after the training, and the run was redrawn on its seed).
 OPTIONAL_RESULT = {"export_error": str, "val_bpb": (int, float), "compile_seconds": (int, float), "data_seed": int}
+NUMBER_LIMIT = 1e15  # no number a run reports is near it; a JSON integer of 400 digits made formatting it fail
 DTYPES = tuple(scoring.CHECK_TOLERANCE)  # what a run may say it computed in: the dtypes the evaluator scores
 
 
@@ -156,8 +156,8 @@ def check_result(result) -> list[str]:
                 problems.append(f"no {key}")
         elif isinstance(value, bool) or not isinstance(value, types):
             problems.append(f"{key}={ascii(value)[:80]} is not of type {getattr(types, '__name__', 'number')}")
-        elif isinstance(value, float) and not math.isfinite(value):
-            problems.append(f"{key}={value!r} is not finite")
+        elif isinstance(value, (int, float)) and not (abs(value) < NUMBER_LIMIT):  # NaN compares false too
+            problems.append(f"{key}={ascii(value)[:80]} is not a finite number below {NUMBER_LIMIT:g}")
     if isinstance(result.get("dtype"), str) and result["dtype"] not in DTYPES:
         problems.append(f"dtype={ascii(result['dtype'])[:80]} is none of {', '.join(DTYPES)}")
     return problems

@@ -92,7 +92,11 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
-    row = record.result_row(config, ex, rows, rule, series, pending.trial)
+    try:
+        row = record.result_row(config, ex, rows, rule, series, pending.trial)
+    except Exception as e:  # what the run reported broke the row: its crash, never an interruption (execute.py)
+        ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
+        row = record.result_row(config, ex, rows, rule, series, pending.trial)
     if row.status == "keep" and pending.trial.audit_at_keep:
         problem = audit_series(ctx, rows, pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)

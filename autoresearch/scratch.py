@@ -123,6 +123,7 @@ def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int 
     `total` bytes together (copied into kept_dir(out), never through a link), and nothing else; the tmpfs (if any)
     unmounted. What was dropped: each name as ascii() writes it (a name is the training's text)."""
     kept = kept_dir(out)
+    _writable_tree(str(out))  # the training may have taken its permissions off out/ itself (a harness not root)
     if not os.path.lexists(kept) or not stat.S_ISDIR(os.lstat(kept).st_mode):
         release(kept)
         kept.mkdir()
