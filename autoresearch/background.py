@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import fixed, git, processes, record, sandbox, state, supervise, tags
+from autoresearch import fixed, git, processes, record, sandbox, state, supervise, tags, untrusted
 from autoresearch.errors import HarnessError
 
 
@@ -124,7 +124,7 @@ def run(repo: Path, seed: int, timeout: float | None, log=print) -> bool:
     while run_dir.exists():
         run_dir = run_dir.with_name(run_dir.name + "+")
     (run_dir / sandbox.OUT_DIR).mkdir(parents=True)
-    (run_dir / sandbox.SOURCE).write_bytes((repo / state.EDITABLE).read_bytes())  # what the sandbox shows
+    (run_dir / sandbox.SOURCE).write_bytes(untrusted.work_tree_source(repo))  # what the sandbox shows
     view = sandbox.make_view(run_dir, cache, manifest)
     limit = timeout or tags.default_timeout(budget, "wall")
     launch = supervise.Launch(repo, run_dir, seed, limit, view, threads=len(os.sched_getaffinity(0)),

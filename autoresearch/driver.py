@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoresearch import (agents, decide, descriptions, errors, execute, git, heldout, ledger, loop, proposer, record,
-                          run, schedule, state, study, supervise, tags, tokens)
+from autoresearch import (agents, decide, descriptions, errors, execute, fixed, git, heldout, ledger, loop, proposer,
+                          record, run, sandbox, schedule, state, study, supervise, tags, tokens)
 from autoresearch.record import Trial
 from autoresearch.worker import Worker, keep_on_branch
 from autoresearch.tagconfig import Tag
@@ -222,6 +222,9 @@ class Driver:
                                supervise.Training(**res["training"]))
         ran = replace(job, protection=res["protection"], **{k: res[k] for k in ("worker", "host", "device")})
         row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
+        if row.status == "keep" and (problem := self.audit_begun_series(rows, job.config)):
+            ex = replace(ex, status="refused", reason=problem)
+            row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
         run_dir = state.run_dir(self.repo, job.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         if ex.status == "ok":
@@ -237,6 +240,20 @@ class Driver:
         self.free.append(job.worker)
         self.proposers.observe(job.worker, run.Outcome(row, None, state.tail(run_dir / state.RUN_LOG), run_dir,
                                                        ex.result, ex.evaluation))
+
+    def audit_begun_series(self, rows: list[ledger.Row], config_id: str) -> str | None:
+        """Before a keep: the audits of a series `autoresearch run` began (its runs are in this repository, their
+        audit left for the keep: study.Study.audit_at_keep), made here. This loop's own runs were audited when
+        scored. Why the keep is refused, or None."""
+        waiting = run.owed(self.repo, rows, config_id, execute.waited_for_keep)
+        if not waiting:
+            return None
+        try:
+            ctx = execute.Context(self.repo, self.config, sandbox.protection(self.config.sandbox_mode()),
+                                  fixed.of_tag(self.repo, self.config))
+        except Exception as e:
+            return f"the audit its series' earlier runs wait for could not be made here ({e})"
+        return run.audit_series(ctx, waiting, None, self.log)
 
     def recorded(self, job: Trial, row: ledger.Row, run_dir: Path | None = None) -> None:
         """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""

@@ -138,7 +138,8 @@ def contract_files() -> tuple[str, ...]:
 # The keys of result.json the harness reads beyond prepare.RESULT_SCHEMA's, where present (absent or null: not
 # given), and their types: every value the harness reads from the file is checked here, before anything uses it
 # (an export_error of 1 made the harness itself fail after the training, and the run was redrawn on its seed).
-OPTIONAL_RESULT = {"export_error": str, "val_bpb": (int, float), "compile_seconds": (int, float), "data_seed": int}
+OPTIONAL_RESULT = {"export_error": str, "val_bpb": (int, float), "compile_seconds": (int, float), "data_seed": int,
+                   "tokens_per_second": (int, float)}
 NUMBER_LIMIT = 1e15  # no number a run reports is near it; a JSON integer of 400 digits made formatting it fail
 DTYPES = tuple(scoring.CHECK_TOLERANCE)  # what a run may say it computed in: the dtypes the evaluator scores
 

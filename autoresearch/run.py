@@ -98,7 +98,9 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
         row = record.result_row(config, ex, rows, rule, series, pending.trial)
     if row.status == "keep" and pending.trial.audit_at_keep:
-        problem = audit_series(ctx, rows, pending, log)
+        problem = audit_series(ctx, owed(repo, rows, pending.trial.config) + (
+            [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
+            if ex.evaluation.get("test_bpb") is not None else []), pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)
             ex = replace(ex, status="refused", reason=problem)
             row = record.result_row(config, ex, rows, rule, series, pending.trial)
@@ -124,21 +126,30 @@ def series_dirs(repo: Path, rows: list[ledger.Row], config_id: str, run_dir: Pat
             if r.status == "confirm" and r.config == config_id and r.run_id] + [run_dir]
 
 
-def audit_series(ctx: execute.Context, rows: list[ledger.Row], pending: record.Pending, log) -> str | None:
+def owed(repo: Path, rows: list[ledger.Row], config_id: str, waited=lambda run_dir: True) -> list[tuple]:
+    """The runs of a configuration's open series that may be kept (their test split scored) and whose audit is
+    due at its keep, with the scores their rows recorded: (run_dir, (val_bpb, test_bpb)). waited(run_dir):
+    whether that run's audit was left for the keep (the parallel driver's question; here every one was)."""
+    return [(state.run_dir(repo, r.run_id), (r.val_bpb, r.test_bpb)) for r in rows
+            if r.status == "confirm" and r.config == config_id and r.run_id and r.test_bpb is not None
+            and waited(state.run_dir(repo, r.run_id))]
+
+
+def audit_series(ctx: execute.Context, runs: list[tuple], pending: record.Pending | None, log) -> str | None:
     """Before a series is kept: the causality audit of each of its runs that may be kept and was scored without
     it (study.Study.audit_at_keep), exactly the runs that would have been audited when scored, so a keep vouches
-    for the same audits as before, and a series that ends discarded pays none. Why the keep is refused, or None."""
-    owed = [d for d in series_dirs(ctx.repo, rows, pending.trial.config, state.run_dir(ctx.repo, pending.trial.run_id))
-            if execute.owes_audit(d)]
-    for i, run_dir in enumerate(owed, 1):
-        log(f"auditing run {run_dir.name} before the keep ({i} of {len(owed)}: the causality audit)")
+    for the same audits as before, and a series that ends discarded pays none. runs: owed()'s, and the deciding
+    run's. Why the keep is refused, or None."""
+    for i, (run_dir, scores) in enumerate(runs, 1):
+        log(f"auditing run {run_dir.name} before the keep ({i} of {len(runs)}: the causality audit)")
 
         def started(pid):  # a harness killed during the audit: recovery ends its evaluator too
-            pending.processes.append(processes.identity(pid) or [pid, 0.0])
-            pending.write()
+            if pending is not None:
+                pending.processes.append(processes.identity(pid) or [pid, 0.0])
+                pending.write()
             state.fault_point("auditing")
 
-        problem = execute.audit(ctx, run_dir, started)
+        problem = execute.audit(ctx, run_dir, scores, started)
         if problem:
             return problem
     return None

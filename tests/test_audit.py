@@ -68,26 +68,29 @@ def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_sco
         evaluation = json.loads((state.run_dir(repo, r.run_id) / state.EVALUATION).read_text())
         assert evaluation["audited"] and evaluation["causal_probes"] > CAUSAL_PROBES
         assert not (state.run_dir(repo, r.run_id) / execute.AUDIT).exists()
+        assert not execute.waited_for_keep(state.run_dir(repo, r.run_id))
     for r in mine:
         run_dir = state.run_dir(repo, r.run_id)
         scored = json.loads((run_dir / state.EVALUATION).read_text())
         audit = json.loads((run_dir / execute.AUDIT).read_text())
         assert scored["audit_at_keep"] and not scored["audited"] and scored["causal_probes"] <= CAUSAL_PROBES
+        assert execute.waited_for_keep(run_dir)  # what the parallel driver asks of a series this loop began
         assert audit["audited"] and CAUSAL_PROBES < audit["causal_probes"] <= AUDIT_PROBES
         assert (audit["val_bpb"], audit["test_bpb"]) == (scored["val_bpb"], scored["test_bpb"])
         assert (round(scored["val_bpb"], 6), round(scored["test_bpb"], 6)) == (r.val_bpb, r.test_bpb)
-        assert not execute.owes_audit(run_dir)
 
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])  # the tag's data and secret draw
     config = tags.load_tag(repo)
     ctx = execute.Context(repo, config, "none", fixed.of_tag(repo, config))
-    kept = state.run_dir(repo, mine[-1].run_id)
-    lying = repo.parent / "lying"
-    shutil.copytree(kept, lying)
-    (lying / execute.AUDIT).unlink()
-    scored = json.loads((lying / state.EVALUATION).read_text())
-    (lying / state.EVALUATION).write_text(json.dumps(dict(scored, val_bpb=scored["val_bpb"] - 0.1)))
-    assert execute.owes_audit(lying)
-    assert "scored val_bpb" in execute.audit(ctx, lying)
-    (lying / sandbox.OUT_DIR / fixed.contract_files()[2]).unlink()
-    assert "exported model is gone" in execute.audit(ctx, lying)
+    kept = mine[-1]
+    copy = repo.parent / "copy"
+    shutil.copytree(state.run_dir(repo, kept.run_id), copy)
+    assert execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None  # the recorded scores: it passes
+    # the scores it is held to are the row's, never a file in the run's directory (a training without a sandbox
+    # could write one there): an evaluation.json that says anything else changes nothing
+    scored = json.loads((copy / state.EVALUATION).read_text())
+    (copy / state.EVALUATION).write_text(json.dumps(dict(scored, val_bpb=1.0, test_bpb=1.0, audited=True)))
+    assert execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None
+    assert "scored val_bpb" in execute.audit(ctx, copy, (kept.val_bpb - 0.1, kept.test_bpb))
+    (copy / sandbox.OUT_DIR / fixed.contract_files()[2]).unlink()
+    assert "exported model is gone" in execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb))
