@@ -157,8 +157,10 @@ def check_result(result) -> list[str]:
                 problems.append(f"no {key}")
         elif isinstance(value, bool) or not isinstance(value, types):
             problems.append(f"{key}={ascii(value)[:80]} is not of type {getattr(types, '__name__', 'number')}")
-        elif isinstance(value, (int, float)) and not (abs(value) < NUMBER_LIMIT):  # NaN compares false too
-            problems.append(f"{key}={ascii(value)[:80]} is not a finite number below {NUMBER_LIMIT:g}")
+        elif isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+            problems.append(f"{key}={value!r} is not finite")
+        elif isinstance(value, (int, float)) and not abs(value) < NUMBER_LIMIT:
+            problems.append(f"{key}={ascii(value)[:80]} is beyond {NUMBER_LIMIT:g}")
     if isinstance(result.get("dtype"), str) and result["dtype"] not in DTYPES:
         problems.append(f"dtype={ascii(result['dtype'])[:80]} is none of {', '.join(DTYPES)}")
     return problems

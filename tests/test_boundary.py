@@ -293,7 +293,7 @@ def test_every_value_of_result_json_the_harness_reads_is_typed_before_it_is_read
             "device": "cpu", "dtype": "float32", "seed": 42}
     assert fixed.check_result(good) == [] and fixed.check_result(dict(good, export_error=None, val_bpb=None)) == []
     for bad, says in [({"export_error": 1}, "export_error"), ({"val_bpb": "low"}, "val_bpb"),
-                      ({"val_bpb": float("nan")}, "finite"), ({"check_bpb": float("inf")}, "finite"), ({"compile_seconds": [1]}, "compile_seconds"),
+                      ({"val_bpb": float("nan")}, "not finite"), ({"check_bpb": float("inf")}, "not finite"), ({"compile_seconds": [1]}, "compile_seconds"),
                       ({"data_seed": 4.2}, "data_seed"), ({"dtype": "float8"}, "float8"),
                       ({"memory_gb": 10 ** 400}, "memory_gb"), ({"num_steps": -10 ** 20}, "num_steps"),
                       ({"dtype": "\x1b]52;c;x\x07"}, "dtype")]:
