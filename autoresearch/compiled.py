@@ -244,6 +244,13 @@ def check(base: Path, limit: int = BASE_LIMIT) -> int:
     """Its bytes; raise Unaccepted unless `base` (what a compile phase wrote) holds directories and regular files only, at
     most `limit` bytes in all: no symbolic link (a `headers` replaced by `../../..` became a writable bind of the
     host's / in every later run: issue 50), no device, FIFO or socket, `headers` a directory."""
+    try:
+        return _checked(base, limit)
+    except RecursionError:  # a tree thousands of directories deep (Python's walk recurses before 3.12)
+        raise Unaccepted("it is nested too deep for a compile cache") from None
+
+
+def _checked(base: Path, limit: int) -> int:
     total = 0
     # os.walk lists links to directories in dirs and never follows them; a directory it cannot list (mode 000, as
     # a user other than root) would hide what is in it from the count and the copy: an error, not a skip

@@ -57,6 +57,7 @@ class Attempt:
     compile_base: Path | None = None         # the compile cache it gets a private copy of (compiled.py)
     on_progress: Callable | None = None      # on_progress(elapsed, step_line)
     prune: Callable | None = None            # supervise.run_training's prune (prune.py)
+    trained: bool = False                    # its training has ended: what fails from here is its crash (execute)
 
 
 @dataclass
@@ -129,11 +130,17 @@ def execute(ctx: Context, attempt: Attempt) -> Execution:
         scratch.release(out)
     try:
         return _execute(ctx, attempt, out)
+    except Exception as e:  # once it trained, whatever fails is its crash (_execute says why), never left unrecorded
+        if not attempt.trained:
+            raise
+        return Execution("crash", f"the harness could not clean up after the run ({type(e).__name__}: "
+                         f"{descriptions.printable(str(e))[:300]})", None, {}, supervise.Training(None, False, None, 0.0))
     finally:  # whatever happened: the tmpfs unmounted, out/ holding the contract files alone, the copy gone
-        if os.path.ismount(out) or os.path.lexists(scratch.kept_dir(out)):  # not settled yet
-            with contextlib.suppress(OSError, safe_read.Unsafe):  # a failure here is already the run's crash
+        with contextlib.suppress(Exception):  # what a training left never makes this raise (a crash already)
+            if os.path.ismount(out) or os.path.lexists(scratch.kept_dir(out)):  # not settled yet
                 settle(out, ctx.config.out_limit_bytes)
-        scratch.release(attempt.run_dir / sandbox.COMPILE_DIR)
+        with contextlib.suppress(Exception):
+            scratch.release(attempt.run_dir / sandbox.COMPILE_DIR)
 
 
 def settle(out: Path, total: int) -> list[str]:
@@ -177,8 +184,10 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
             budget=config.budget_s if config.budget_s != fixed.budget() else None)  # a verification's longer budget (verify.py)
         try:
             training = supervise.run_training(launch, attempt.pending, attempt.on_progress, attempt.prune)
+            attempt.trained = True
         finally:
-            scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
+            with contextlib.suppress(Exception):  # the compile copy the training wrote: never a reason to fail
+                scratch.release(run_dir / sandbox.COMPILE_DIR)  # throwaway: no run reads it again
         # From here on the harness reads what the training left. Whatever that makes fail is the run's crash,
         # recorded: never an exception that leaves the run "interrupted", which would let the same train.py run
         # again on the same seed once it saw how its training went (an export_error of 1 did, on demand).

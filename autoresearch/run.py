@@ -98,7 +98,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
         row = record.result_row(config, ex, rows, rule, series, pending.trial)
     if row.status == "keep" and pending.trial.audit_at_keep:
-        problem = audit_series(ctx, owed(repo, rows, pending.trial.config) + (
+        problem = audit_series(ctx, owed(repo, rows, pending.trial.config, execute.waited_for_keep) + (
             [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
             if ex.evaluation.get("test_bpb") is not None else []), pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)
@@ -126,10 +126,11 @@ def series_dirs(repo: Path, rows: list[ledger.Row], config_id: str, run_dir: Pat
             if r.status == "confirm" and r.config == config_id and r.run_id] + [run_dir]
 
 
-def owed(repo: Path, rows: list[ledger.Row], config_id: str, waited=lambda run_dir: True) -> list[tuple]:
+def owed(repo: Path, rows: list[ledger.Row], config_id: str, waited) -> list[tuple]:
     """The runs of a configuration's open series that may be kept (their test split scored) and whose audit is
     due at its keep, with the scores their rows recorded: (run_dir, (val_bpb, test_bpb)). waited(run_dir):
-    whether that run's audit was left for the keep (the parallel driver's question; here every one was)."""
+    whether that run's audit was left for the keep (execute.waited_for_keep: a series the parallel driver began
+    and `run` finishes was audited when scored, its exports on the workers)."""
     return [(state.run_dir(repo, r.run_id), (r.val_bpb, r.test_bpb)) for r in rows
             if r.status == "confirm" and r.config == config_id and r.run_id and r.test_bpb is not None
             and waited(state.run_dir(repo, r.run_id))]

@@ -19,9 +19,9 @@ How (the mechanism, and what holds where the kernel offers less):
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import resource
-import shutil
 import stat
 from pathlib import Path
 
@@ -123,7 +123,8 @@ def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int 
     `total` bytes together (copied into kept_dir(out), never through a link), and nothing else; the tmpfs (if any)
     unmounted. What was dropped: each name as ascii() writes it (a name is the training's text)."""
     kept = kept_dir(out)
-    _writable_tree(str(out))  # the training may have taken its permissions off out/ itself (a harness not root)
+    if os.geteuid() != 0 and stat.S_ISDIR(os.lstat(out).st_mode):  # the training may have taken its permissions
+        os.chmod(out, 0o700)                                           # off out/ itself (a harness not root)
     if not os.path.lexists(kept) or not stat.S_ISDIR(os.lstat(kept).st_mode):
         release(kept)
         kept.mkdir()
@@ -153,36 +154,73 @@ def settle(out: Path, keep: tuple[str, ...], limits: dict[str, int], total: int 
 
 
 def empty(path: Path) -> None:
-    """Remove everything in `path` without following a link out of it. The training (ended, its processes gone)
-    may have left directories without permissions (mode 000: a user who is not root cannot list or empty them):
-    each is given its owner's rwx first, checked to be a directory and not a link."""
+    """Remove everything in `path` without following a link out of it (remove_tree)."""
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
-            _writable_tree(entry.path)
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(entry.path)
         else:
             os.unlink(entry.path)
 
 
-def _writable_tree(top: str) -> None:
-    def opened(d: str) -> bool:
+def remove_tree(top: str | Path) -> bool:
+    """Remove a directory tree a training (ended, its processes gone) may have left, without recursion (it may be
+    thousands of directories deep: Python's recursive walks raised RecursionError) and without following a link
+    out of it; a directory left without permissions (mode 000: a user who is not root cannot list it) gets its
+    owner's first. Never raises; whether it is gone."""
+    stack, stuck = [str(top)], set()
+    while stack:
+        d = stack[-1]
         try:
-            if stat.S_ISDIR(os.lstat(d).st_mode):
-                os.chmod(d, 0o700)
-                return True
+            if not stat.S_ISDIR(os.lstat(d).st_mode):
+                os.unlink(d)
+                stack.pop()
+                continue
+            if os.geteuid() != 0:
+                os.chmod(d, 0o700)  # an lstat'ed directory of a training whose processes are gone
+            entries = list(os.scandir(d))
+        except OSError:
+            stack.pop()
+            continue
+        subdirs = []
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    subdirs.append(e.path)
+                else:
+                    os.unlink(e.path)
+            except OSError:
+                pass
+        subdirs = [_shallow(s, str(top)) for s in subdirs if s not in stuck]
+        if subdirs:
+            stuck.update(subdirs)  # each is tried once: what it leaves does not bring it back onto the stack
+            stack.extend(subdirs)
+            continue
+        try:
+            os.rmdir(d)
         except OSError:
             pass
-        return False
-    if not opened(top):
-        return
-    for root, dirs, _ in os.walk(top):
-        dirs[:] = [d for d in dirs if opened(os.path.join(root, d))]
+        stack.pop()
+    return not os.path.lexists(top)
+
+
+_MOVED = itertools.count()
+
+
+def _shallow(path: str, top: str) -> str:
+    """A directory deep enough that its children's paths near PATH_MAX, moved up to `top` (renamed: no copy), so
+    that every path remove_tree uses stays short however deep the tree."""
+    if len(path) < 2048:
+        return path
+    moved = os.path.join(top, f".deep-{os.getpid()}-{next(_MOVED)}")
+    try:
+        os.rename(path, moved)
+        return moved
+    except OSError:
+        return path
 
 
 def release(path: Path) -> None:
     """A run's bounded directory gone: unmounted if it is a mount point, removed."""
     if os.path.ismount(path):
         unmount(path)
-    if os.path.lexists(path) and not stat.S_ISDIR(os.lstat(path).st_mode):
-        os.unlink(path)
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)

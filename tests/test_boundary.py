@@ -392,3 +392,28 @@ def test_a_train_py_that_is_not_a_plain_file_is_refused_before_anything_reads_it
     out = cli(repo, "run", "-m", "sparse", env=env, timeout=60)
     assert out.returncode == 2 and "cannot be read as a plain file" in out.stderr, out.stderr
     assert cli(repo, "status", env=env, timeout=60).returncode == 0
+
+
+def test_a_tree_thousands_of_directories_deep_is_removed_without_recursion_or_following_links(tmp_path):
+    """A training may leave a tree 1,500 directories deep in out/ or its compile copy: Python's recursive walks
+    raised RecursionError (not an OSError) while the harness cleaned up after the run, which left the run
+    unrecorded and redrawn. Removed, paths past PATH_MAX included, a link inside never followed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    top = tmp_path / "out"
+    top.mkdir()
+    here = os.getcwd()
+    try:
+        os.chdir(top)
+        for i in range(3000):
+            os.mkdir("a")
+            os.chdir("a")
+            if i % 1000 == 0:
+                os.symlink(outside, "link")
+                Path("f").write_text("x")
+        os.chmod(".", 0)
+    finally:
+        os.chdir(here)
+    assert scratch.remove_tree(top) and not top.exists()
+    assert (outside / "keep").read_text() == "x"
