@@ -100,7 +100,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     if row.status == "keep" and pending.trial.audit_at_keep:
         problem = audit_series(ctx, owed(repo, rows, pending.trial.config, execute.waited_for_keep) + (
             [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
-            if ex.evaluation.get("test_bpb") is not None else []), pending, log)
+            if ex.evaluation.get("test_bpb") is not None and not ex.evaluation.get("audited") else []), pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)
             ex = replace(ex, status="refused", reason=problem)
             row = record.result_row(config, ex, rows, rule, series, pending.trial)
