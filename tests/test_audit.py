@@ -4,6 +4,7 @@ keep is recorded; the same export gives the same scores; a keep whose audit fail
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from types import SimpleNamespace
@@ -94,3 +95,39 @@ def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_sco
     assert "scored val_bpb" in execute.audit(ctx, copy, (kept.val_bpb - 0.1, kept.test_bpb))
     (copy / sandbox.OUT_DIR / fixed.contract_files()[2]).unlink()
     assert "exported model is gone" in execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb))
+
+
+@pytest.mark.slow
+def test_a_series_begun_by_run_and_kept_by_the_parallel_driver_gets_its_audits(repo, env, monkeypatch):
+    """`autoresearch run` leaves a candidate's audits for its keep; if the harness dies mid-series and the parallel
+    loop finishes it, its driver makes them before the keep (Driver.audit_begun_series), here without Ray: the
+    first run waits for its audit, the driver's check audits it with 4,603 probes against its row's scores."""
+    from conftest import cli, sh
+
+    from autoresearch import driver, execute, ledger, state, tags
+    from autoresearch.evaluator.probes import CAUSAL_PROBES
+    learning = (repo / "train.py").read_text()
+    (repo / "train.py").write_text(set_lrs(learning, 0.0))
+    sh(repo, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "a base that learns nothing")
+    assert cli(repo, "setup", "--tag", "d", env=env).returncode == 0
+    assert cli(repo, "run", "-m", "baseline", env=env).returncode == 0
+    (repo / "train.py").write_text(learning)
+    killed = cli(repo, "run", "-m", "learning rates back", env=dict(env, AUTORESEARCH_KILL_AT="evaluating-run-2"))
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    rows = ledger.read(repo / "results.tsv")
+    first = rows[-1]
+    assert first.status == "confirm" and first.test_bpb is not None, [(r.status, r.decision) for r in rows]
+    assert execute.waited_for_keep(state.run_dir(repo, first.run_id))
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    config = tags.load_tag(repo)
+    logged = []
+    fake = type("D", (), {"repo": repo, "config": config, "log": logged.append})()
+    assert driver.Driver.audit_begun_series(fake, rows, first.config) is None, logged
+    audit = json.loads((state.run_dir(repo, first.run_id) / execute.AUDIT).read_text())
+    assert audit["audited"] and audit["causal_probes"] > CAUSAL_PROBES and len(logged) == 1
+    assert round(audit["val_bpb"], 6) == first.val_bpb
+    # an export that no longer gives its row's score refuses the keep
+    lying = [r if r.run_id != first.run_id else dataclasses.replace(r, val_bpb=r.val_bpb - 0.1) for r in rows]
+    assert "scored val_bpb" in driver.Driver.audit_begun_series(fake, lying, first.config)
