@@ -6,6 +6,8 @@
 #   bash benchmarks/gpu_check.sh pack BUNDLE [--dataset gutenberg|climbmix] [--eval-tokens N] [--python 3.11]
 #   # 2. Copy BUNDLE and this checkout to the GPU host, then, there, offline:
 #   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR] [--repo DIR]
+#   # 3. An experiment's whole cost on that host, the harness included (benchmarks/overhead.py on the bundle's data):
+#   bash benchmarks/gpu_check.sh overhead BUNDLE [--budget 60] [--runs 2] [--out FILE.jsonl]
 #
 # `run` runs the train.py of --repo, unconfined (default: this checkout's reviewed train.py, autoresearch/untrusted.py,
 # never its work tree's, which an agent may have written: docs/integrity.md). It installs the missing wheels into BUNDLE/site
@@ -25,7 +27,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python}"
 
-usage() { sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
 
 pack() {
     local bundle="$1"; shift
@@ -147,7 +149,28 @@ sys.exit(0 if status == 0 else 1)
 EOF
 }
 
+overhead() {
+    local bundle="$1"; shift
+    local budget=60 runs=2 out=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --budget) budget="$2"; shift 2 ;;
+            --runs) runs="$2"; shift 2 ;;
+            --out) out="$2"; shift 2 ;;
+            *) echo "overhead: unknown option $1" >&2; usage ;;
+        esac
+    done
+    bundle="$(cd "$bundle" && pwd)"
+    [ -f "$bundle/cache/manifest.json" ] || { echo "no prepared data in $bundle/cache: run \`$0 pack $bundle\` first" >&2; exit 1; }
+    # `autoresearch run` on this checkout's committed HEAD, the default train.py, --runs times on one tag with the
+    # naive rule (one run per command, each kept and so audited at its keep): the evaluation, the audit, start-up,
+    # export and the harness's own work, per experiment, on this host's device.
+    AUTORESEARCH_CACHE="$bundle/cache" HF_HUB_OFFLINE=1 "$PYTHON" "$ROOT/benchmarks/overhead.py" --rev HEAD \
+        --budget "$budget" --runs "$runs" ${out:+--out "$out"}
+}
+
 case "${1:-}" in
+    overhead) shift; [ $# -ge 1 ] || usage; overhead "$@" ;;
     pack) shift; [ $# -ge 1 ] || usage; pack "$@" ;;
     run) shift; [ $# -ge 1 ] || usage; run "$@" ;;
     *) usage ;;

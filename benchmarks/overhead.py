@@ -80,12 +80,16 @@ def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
     result = json.loads(result_path.read_text()) if result_path else {}  # out/: since the harness owns run_dir
     evaluation = run_dir / "evaluation.json"
     evaluation = json.loads(evaluation.read_text()) if evaluation.exists() else {}
+    audit = run_dir / "audit.json"  # the causality audit made at the keep (since the audit moved there)
+    audit = json.loads(audit.read_text()) if audit.exists() else {}
     m = {"total": total, "outside": total - budget, "status": proc.stdout.split(":", 1)[0],
          "training": result.get("training_seconds"), "startup": result.get("startup_seconds"),
          "train_eval": result.get("eval_seconds"), "export": result.get("export_seconds"),
          "harness_eval": evaluation.get("seconds"), "val": evaluation.get("val_seconds"),
          "test": "test_bpb" in evaluation, "tok_s": result.get("tokens_per_second"),
-         "compile": result.get("compile_seconds"), "dtype": result.get("dtype")}
+         "compile": result.get("compile_seconds"), "dtype": result.get("dtype"),
+         "audit": audit.get("seconds"), "mfu": result.get("mfu_percent"), "mem_gb": result.get("memory_gb"),
+         "fa3": result.get("flash_attention_3"), "device": result.get("device")}
     # The parts of the outside time. The training process: from its start to result.json (outside_s) is its
     # imports and interpreter start, train.py's startup (model, data, probe), the last step's overshoot of the
     # budget, the export and the check rows; then the evaluator; the rest is the harness's own work.
@@ -125,8 +129,8 @@ def main() -> None:
                     with open(args.out, "a") as f:
                         f.write(json.dumps({"rev": rev, "budget": args.budget, **m}) + "\n")
     print(f"\nmedians over {args.runs} runs, budget {args.budget:g} s (seconds):")
-    keys = ["outside", "imports_etc", "startup", "overshoot", "export", "harness_eval", "val", "harness", "compile",
-            "tok_s"]
+    keys = ["outside", "imports_etc", "startup", "overshoot", "export", "harness_eval", "val", "audit", "harness",
+            "compile", "tok_s", "mfu"]
     print(f"{'revision':>12} " + " ".join(f"{k:>12}" for k in keys))
     # imports_etc: interpreter start, imports and the check rows in train.py; overshoot: the last step past the
     # budget; harness_eval: the evaluator after the harness handed it the run (val: its validation pass).
