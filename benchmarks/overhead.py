@@ -68,12 +68,18 @@ def naive_option(repo: Path, env: dict, command: str) -> list[str]:
     return ["--decision", "naive"] if command == wanted and (pinned or has) else []
 
 
+def last_line(text: str) -> str:
+    """The run's verdict: its last line (a compile phase or a wait may print lines before it)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
 def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
     naive = naive_option(repo, env, "run")
     t0 = time.perf_counter()
     proc = cli(repo, env, "run", "-m", f"unchanged {n}", *naive)
     total = time.perf_counter() - t0
-    if proc.returncode not in (0, 1) and not proc.stdout.startswith("refused:"):  # a refusal still took its time
+    if proc.returncode not in (0, 1) and not last_line(proc.stdout).startswith("refused:"):  # a refusal still took its time
         raise SystemExit(f"{repo}: autoresearch run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     result_path = next((p for p in (run_dir / "out" / "result.json", run_dir / "result.json") if p.exists()), None)
@@ -82,14 +88,14 @@ def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
     evaluation = json.loads(evaluation.read_text()) if evaluation.exists() else {}
     audit = run_dir / "audit.json"  # the causality audit made at the keep (since the audit moved there)
     audit = json.loads(audit.read_text()) if audit.exists() else {}
-    m = {"total": total, "outside": total - budget, "status": proc.stdout.split(":", 1)[0],
+    m = {"total": total, "outside": total - budget, "status": last_line(proc.stdout).split(":", 1)[0],
          "training": result.get("training_seconds"), "startup": result.get("startup_seconds"),
          "train_eval": result.get("eval_seconds"), "export": result.get("export_seconds"),
          "harness_eval": evaluation.get("seconds"), "val": evaluation.get("val_seconds"),
          "test": "test_bpb" in evaluation, "tok_s": result.get("tokens_per_second"),
          "compile": result.get("compile_seconds"), "dtype": result.get("dtype"),
-         "audit": audit.get("seconds"), "mfu": result.get("mfu_percent"), "mem_gb": result.get("memory_gb"),
-         "fa3": result.get("flash_attention_3"), "device": result.get("device")}
+         "audit": audit.get("seconds", evaluation.get("causal_seconds")), "mfu": result.get("mfu_percent"), "mem_gb": result.get("memory_gb"),
+         "fa3": result.get("flash_attention_3"), "device": result.get("device"), "verdict": proc.stdout}
     # The parts of the outside time. The training process: from its start to result.json (outside_s) is its
     # imports and interpreter start, train.py's startup (model, data, probe), the last step's overshoot of the
     # budget, the export and the check rows; then the evaluator; the rest is the harness's own work.
@@ -123,6 +129,9 @@ def main() -> None:
             for rev in revs:
                 m = one_run(repos[rev], env, args.budget, n)
                 rows[rev].append(m)
+                if m["status"] not in ("keep", "discard", "confirm"):
+                    print(f"{rev:>12} run {n + 1}: {last_line(m.pop('verdict'))}", flush=True)
+                m.pop("verdict", None)
                 print(f"{rev:>12} run {n + 1}: " + " ".join(
                     f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()), flush=True)
                 if args.out:
