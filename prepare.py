@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import inspect
 import json
 import math
 import os
@@ -396,8 +397,10 @@ def save_exported(program, run_dir: Path) -> None:
     from safetensors.torch import save_file
     from torch._export.serde.serialize import serialize
 
-    artifact = serialize(program, serialize_state_dict=False, serialize_constants=False,
-                         serialize_example_inputs=False)
+    # The weights go to safetensors below; torch before 2.12 has no switch and pickles them into the artifact too
+    skip = {k: False for k in ("serialize_state_dict", "serialize_constants", "serialize_example_inputs")
+            if k in inspect.signature(serialize).parameters}
+    artifact = serialize(program, **skip)
     tensors = {k: v.detach().cpu().contiguous() for k, v in program.state_dict.items()}
     tensors.update({CONSTANT_PREFIX + k: v.detach().cpu().contiguous() for k, v in program.constants.items()})
     save_file(tensors, str(run_dir / TENSORS_FILE))
