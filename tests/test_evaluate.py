@@ -64,6 +64,25 @@ def test_an_honest_export_loads_and_computes_what_the_model_does(exported):
     assert torch.equal(module(x), model(x))
 
 
+def test_an_export_made_by_a_torch_without_the_switches_loads_and_computes_the_same(exported, tmp_path, monkeypatch):
+    """torch before 2.12 (an H200 host's 2.11) has serialize(exported_program, opset_version, pickle_protocol) and
+    no switch to leave the weights out: prepare.finish's export crashed every run there."""
+    import prepare
+    from torch._export.serde import serialize as serde
+    real = serde.serialize
+
+    def old_serialize(exported_program, opset_version=None, pickle_protocol=2):
+        return real(exported_program, opset_version, pickle_protocol)
+
+    monkeypatch.setattr(serde, "serialize", old_serialize)
+    _, model, program = exported
+    prepare.save_exported(program, tmp_path)
+    from autoresearch.evaluator.load import load_program
+    module, shape = load_program(prepare, tmp_path, "cpu")
+    x = torch.randint(0, 64, (2, 16))
+    assert shape == (2, 16) and torch.equal(module(x), model(x))
+
+
 def strings(node, path=()):
     """Every string in a JSON document, dictionary keys included, as (path, is_key)."""
     if isinstance(node, dict):
