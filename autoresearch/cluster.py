@@ -1,7 +1,7 @@
 """`autoresearch loop --workers N` / `--ray-address ADDR`: experiments side by side on Ray workers.
 
 This module starts (or joins) the Ray runtime and sizes the workers; driver.py runs the night on them, with the
-scheduler and the recorder `autoresearch run` uses (schedule.py, record.py), and worker.py executes each run.
+scheduler and the recorder `autoresearch run` uses (study.py, record.py), and worker.py executes each run.
 See docs/parallel.md.
 """
 

@@ -2,7 +2,7 @@
 each made right beside a control: a run of the tag's base train.py, the baseline's (no agent wrote it), on the
 same seed. A machine's drift over minutes is then in both runs of a pair, and the candidate's effect over the
 base is the mean of its differences d_k = run_k - control_k. decide.py compares means of runs made at any time;
-this module only ever compares time-adjacent differences (schedule.control_due asks for the controls, record.py
+this module only ever compares time-adjacent differences (study.control_due asks for the controls, record.py
 decides with in_time). docs/decisions.md has the rule and BENCHMARKS.md its error rates."""
 
 from __future__ import annotations

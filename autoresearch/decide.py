@@ -21,7 +21,7 @@ P_KEEP is 0.98 rather than 0.95 because the rule looks up to three times, with a
 thin: simulated, 0.95 keeps 7.8% of changes that do nothing, 0.98 keeps 3.6% (benchmarks/decide_sim.py).
 The champion is the configuration of the last keep: the one with the best mean, never the luckiest single run.
 
-Paired seeds (schedule.seed): every configuration's k-th run uses the same seed, 42 + k - 1, so a candidate's
+Paired seeds (study.seed): every configuration's k-th run uses the same seed, 42 + k - 1, so a candidate's
 runs meet the champion's on the same seeds, and what a seed does to any configuration (its initialisation, its
 batches) cancels in the difference as far as it is shared. compare() measures how far that is, from the tag: a
 two-way fit (configuration + seed) over every finished run leaves the noise no seed explains (residual sigma);

@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from autoresearch import (agents, decide, descriptions, errors, execute, fixed, git, heldout, ledger, loop, proposer,
-                          record, run, sandbox, schedule, state, study, supervise, tags, tokens)
+                          record, run, sandbox, state, study, supervise, tags, tokens)
 from autoresearch.record import Trial
 from autoresearch.worker import Worker, keep_on_branch
 from autoresearch.tagconfig import Tag
@@ -108,10 +108,10 @@ class Driver:
                 and not self.stopping)
 
     def next_job(self, rows: list[ledger.Row], name: str):
-        """A Trial for worker `name`, "propose" when a new candidate is due, or None when nothing is (schedule.py)."""
+        """A Trial for worker `name`, "propose" when a new candidate is due, or None when nothing is (study.py)."""
         head = git.head(self.repo)
-        running = [schedule.in_flight(job.config, job.description) for job in self.running.values()]
-        step = schedule.next_run(rows, running, self.rule, self.may_begin(), tags.config_of(self.repo, head))
+        running = [study.in_flight(job.config, job.description) for job in self.running.values()]
+        step = study.next_run(rows, running, self.rule, self.may_begin(), tags.config_of(self.repo, head))
         if step.kind == "stop":
             raise Stop(step.reason)
         if step.kind == "wait":
@@ -125,7 +125,7 @@ class Driver:
             parent = git.git(self.repo, "rev-parse", f"{commit}^", check=False) or commit
         return self.job(rows, commit, parent, step, name)
 
-    def job(self, rows, commit: str, parent: str, step: schedule.Next, name: str) -> Trial:
+    def job(self, rows, commit: str, parent: str, step: study.Next, name: str) -> Trial:
         """The Trial of `commit` (train.py as committed there) for worker `name`: the run the schedule asked for
         (step: its description, its place in the series, a control's seed), or a new proposal's first run."""
         source = git.git(self.repo, "show", f"{commit}:{state.EDITABLE}", strip=False)
@@ -191,7 +191,7 @@ class Driver:
             self.log(loop.line(len(ledger.read(self.results, self.config.tag)), row))
             return
         tokens.add_run(turn, config=config_id)
-        self.dispatch(self.job(rows, commit, parent, schedule.Next("propose", description), name))
+        self.dispatch(self.job(rows, commit, parent, study.Next("propose", description), name))
 
     def dispatch(self, job: Trial) -> None:
         state.atomic_json(state.inflight_file(self.repo, job.run_id), job.to_json())

@@ -1,7 +1,7 @@
 """`autoresearch loop`: experiments one after another, each proposed by an agent and run exactly like
 `autoresearch run`, until stopped (Ctrl-C, --max-experiments, --hours, the dashboard's stop button).
 
-What runs next is schedule.next_run's answer, the same function the parallel driver (driver.py) asks; this
+What runs next is study.next_run's answer, the same function the parallel driver (driver.py) asks; this
 module also holds what both loops show: the progress bar, the line per finished run, the stop button's check."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import (agents, decide, git, ledger, proposer, recovery, run, sandbox, schedule, state, tags, tokens,
+from autoresearch import (agents, decide, git, ledger, proposer, recovery, run, sandbox, state, study, tags, tokens,
                           verify)
 from autoresearch.errors import HarnessError, MachineBusy
 
@@ -79,7 +79,7 @@ def parallel(args) -> bool:
 
 
 def main(repo: Path, args, log=print) -> int:
-    """The sequential loop: the one-worker case of the parallel driver (schedule.py decides for both), each run
+    """The sequential loop: the one-worker case of the parallel driver (study.py decides for both), each run
     executed in the repository by run.run_once."""
     config, protection = begin(repo, args, log)
     rule = config.rule(args.decision)
@@ -118,7 +118,7 @@ def main(repo: Path, args, log=print) -> int:
             log("stopping: asked to from the dashboard (.autoresearch/stop); an unfinished series finishes first")
             stopping = True
         rows = ledger.read(state.results(repo), config.tag)
-        step = schedule.next_run(rows, [], rule, may_begin(), tags.config_of(repo, git.head(repo)))
+        step = study.next_run(rows, [], rule, may_begin(), tags.config_of(repo, git.head(repo)))
         if step.kind == "stop":
             log(step.reason)
             return 1

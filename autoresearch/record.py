@@ -120,7 +120,7 @@ def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status
 def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "") -> float | None:
     """The val_bpb below which a run may be a new best, so the held-out test split is scored (and the deep audit
     made) for it: the best single run (naive) or the champion's mean (stat). kind: the schedule's kind of the run
-    (schedule.Next.kind). Under the control rule a survivor's run may be kept above the champion's mean (its pairs
+    (study.Next.kind). Under the control rule a survivor's run may be kept above the champion's mean (its pairs
     decide), so every such run is scored (None); a control (the tag's base, which no agent wrote) never is."""
     if rule == "control" and kind in ("series", "control"):
         return float("-inf") if kind == "control" else None

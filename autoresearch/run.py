@@ -1,7 +1,7 @@
 """`autoresearch run`: one experiment, end to end: check, commit, train under a hard timeout, record, keep or
 discard.
 
-run_once does one run: the next run of an unfinished series if there is one (schedule.py), else train.py as the
+run_once does one run: the next run of an unfinished series if there is one (study.py), else train.py as the
 agent left it, as a new candidate. run_series runs an experiment to its decision: its first run, then the
 repeats the rule asks for (decide.py). Every run is one ledger row, and what series is open is read from the
 ledger alone, so a kill between any two runs loses nothing (recovery.py finishes a run killed midway).
@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, processes,
-                          record, recovery, sandbox, schedule, state, study, supervise, tags,
-                          untrusted)
+                          record, recovery, sandbox, state, study, supervise, tags, untrusted)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -40,7 +39,7 @@ class Options:
     rule: str | None = None
     sandbox_mode: str | None = None
     timeout: float | None = None
-    seed: int = schedule.FIRST_SEED     # the first seed of a new configuration's runs
+    seed: int = study.FIRST_SEED     # the first seed of a new configuration's runs
     on_progress: Callable | None = None  # on_progress(elapsed, step_line) while it trains
     log: Callable = print
     give_up: Callable | None = None      # give_up() -> True: stop waiting for a quiet machine
@@ -53,7 +52,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     config, protection, rule = begin(repo, options)
     untrusted.work_tree_source(repo)  # a plain file of bounded size, before git hashes it
     rows = ledger.read(state.results(repo), config.tag)
-    step = schedule.next_run(rows, [], rule, True, "")
+    step = study.next_run(rows, [], rule, True, "")
     series = step.series  # None: this run is a new candidate
     description = resume(repo, step, log) if series is not None else descriptions.clean(description)
     best_row = ledger.best(rows, config.fingerprint, config.budget_s)
@@ -183,7 +182,7 @@ def start(repo: Path, trial: record.Trial, repeat: int, commit_it: bool) -> reco
     return pending
 
 
-def resume(repo: Path, step: schedule.Next, log) -> str:
+def resume(repo: Path, step: study.Next, log) -> str:
     """The open series' next run checked out (its candidate's commit, or under the control rule the tag's base
     for a control beside it; a harness killed during the last run left the series open), and that run's
     description."""

@@ -1,4 +1,20 @@
-"""What is decided about a run before it runs, in one place for both loops: a Study (the tag, its decision rule,
+"""What runs next, and what is decided about it before it runs: one place for both loops.
+
+What runs next is next_run's answer, a pure function of the ledger and the runs in flight. The sequential loop (loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver
+(driver.py) asks each time a worker is free, with the configurations its workers are running. In order:
+1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
+   BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order
+   (under the control rule each with a control run of the tag's base beside it, first: control_due). A
+   series whose last run was interrupted or refused is resumed only when a new experiment may begin, and counts
+   as one: a run refused for a lasting reason would otherwise repeat past --max-experiments, --hours and the
+   stop button;
+2. no kept run yet: the baseline (again, after a crash), unless it crashed BASELINE_TRIES times, which stops the
+   loop (when it would start it again); an interrupted run (a killed harness or worker, decide.is_interruption)
+   is not the baseline's failure;
+3. a new proposal, once the baseline's series is complete, if the loop may begin another experiment
+   (--max-experiments, --hours and the stop button say).
+
+What is decided about a run before it runs: a Study (the tag, its decision rule,
 its ledger rows read once) plans each run (Plan: its seed, which run of its configuration it is, its place in
 its series, the val_bpb below which its test split is scored, what it is pruned against, when it is
 audited). `autoresearch run` (run.run_once) and the parallel driver (driver.Driver.job) both ask Study.plan;
@@ -10,8 +26,121 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoresearch import decide, fixed, ledger, prune, record, schedule, state, tags
+from autoresearch import control, decide, descriptions, fixed, ledger, prune, record, state, tags
 from autoresearch.tagconfig import Tag
+
+BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
+FIRST_SEED = 42      # the public project's seed: every configuration's first run (seed(), paired seeds)
+
+
+@dataclass(frozen=True)
+class Next:
+    kind: str              # series (the next run of an unfinished series), control (the tag's base beside a
+                           # series' candidate, the control rule), baseline, propose, wait or stop
+    description: str = ""
+    commit: str = ""       # a series' commit; "" for the baseline (the branch's head) and proposals
+    run_no: int = 1        # its place in its series
+    new: bool = False      # it begins a new experiment (counted by --max-experiments)
+    reason: str = ""       # kind stop: why
+    series: decide.Series | None = None  # kind series and control: the series it continues
+    seed: int | None = None  # kind control: the seed of the pair it belongs to (else study.seed picks)
+
+
+def baseline_crashes(rows) -> int:
+    """How many times the baseline itself crashed (its interruptions do not count)."""
+    return sum(descriptions.is_baseline(r.description) and r.status == "crash" and not decide.is_interruption(r)
+               for r in rows)
+
+
+def next_run(rows, running: list[str], rule: str, may_begin: bool, baseline_config: str) -> Next:
+    """The next run for a free worker. rows: the tag's ledger rows; running: the series of every run in flight
+    (its configuration, a control's candidate's: in_flight; empty for the sequential loop); may_begin: whether
+    a new experiment may start; baseline_config: the configuration of train.py on the branch's head (the
+    baseline while nothing is kept)."""
+    for series in decide.unfinished(rows):
+        busy = running.count(series.config)
+        resume = stalled(rows, series.config)
+        if resume and not may_begin:
+            continue
+        if series.kind == "baseline" and series.runs + busy < decide.BASELINE_RUNS:
+            return _repeat(series, series.runs + busy + 1, resume)
+        if series.kind == "candidate" and not busy:
+            return (rule == "control" and control_due(rows, series, resume)) or _repeat(series, series.runs + 1, resume)
+    if not any(r.status == "keep" for r in rows):
+        tries = baseline_crashes(rows)
+        if tries >= BASELINE_TRIES:
+            return Next("wait") if running or not may_begin else Next("stop", reason=(
+                f"the baseline crashed {tries} times (see the log tails above and `autoresearch status`): fix "
+                "train.py on the branch's base commit, or the machine, then run the loop again"))
+        busy = running.count(baseline_config)
+        if busy >= (decide.BASELINE_RUNS if rule in decide.REPEATING else 1) or (busy == 0 and not may_begin):
+            return Next("wait")
+        description = descriptions.baseline(tries)
+        return Next("baseline", descriptions.repeated(description, busy + 1) if busy else description, run_no=busy + 1,
+                    new=busy == 0)
+    if any(s.kind == "baseline" for s in decide.unfinished(rows)):
+        return Next("wait")  # its last runs are in flight: candidates wait for the champion's mean
+    return Next("propose", new=True) if may_begin else Next("wait")
+
+
+def in_flight(config: str, description: str) -> str:
+    """The series a run in flight holds (what next_run's `running` lists): a control's candidate's, else its
+    configuration's."""
+    return descriptions.control_of(description) or config
+
+
+def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
+    """Under the control rule, the control run due beside a surviving candidate, or None when the candidate's own
+    next run is due. A control is a run of the tag's base train.py (the baseline's: no agent wrote it, so no
+    agent's code decides how it does), on the candidate's seed, right beside the candidate's run: the candidate's
+    first run is screened alone (decide.rule), so its control follows it; every later pair runs its control
+    first, so the candidate's run completes the pair and its row carries the verdict."""
+    base = control.base_row(rows)
+    done = control.controlled_seeds(rows, series.config, base.key)
+    mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
+    missing = [s for s in mine if s not in done]
+    due = missing[0] if missing else seed(rows, series.config, [], "stat", first=series_first(rows, series.config))
+    if due in done:
+        return None
+    return Next("control", descriptions.control(series.config, series.description), base.commit,
+                series.runs + 1, new=resume, series=series, seed=due)
+
+
+def series_first(rows, config: str, default: int = FIRST_SEED) -> int:
+    """The seed a configuration's series began on (its lowest finished run's), so that its later runs and their
+    controls follow it whatever --seed a later command gives; `default` for a configuration with none."""
+    return min((r.seed for r in decide.finished(rows) if r.key == config), default=default)
+
+
+def stalled(rows, config: str) -> bool:
+    """Whether a series' last run ended without a result of its own: interrupted (a killed harness, driver or
+    worker) or refused."""
+    last = [r for r in rows if decide.series_key(r) == config]
+    return bool(last) and (last[-1].status == "refused" or decide.is_interruption(last[-1]))
+
+
+def _repeat(series: decide.Series, run_no: int, resume: bool) -> Next:
+    return Next("series", descriptions.repeated(series.description, run_no), series.commit, run_no, new=resume,
+                series=series)
+
+
+def seed(rows, config: str, in_flight: list[int], rule: str, first: int = FIRST_SEED) -> int:
+    """The seed of the next run of configuration `config` (the harness passes it as runtime.SEED_ENV, and refuses
+    a result with another). Under the stat rule: the lowest seed from `first` up that none of the configuration's
+    finished runs and none of its runs in flight (in_flight: their seeds) has. So a configuration's k-th run
+    gets first + k - 1, its runs never share a seed, and its k-th run meets the champion's k-th on the same seed,
+    so that shared seed effects cancel in the comparison (decide.compare); a run that ended with no result
+    (crashed, interrupted, refused) leaves its seed to the next. The naive rule keeps the one seed, like the
+    public project."""
+    if rule not in decide.REPEATING:
+        return first
+    taken = {r.seed for r in decide.finished(rows) if r.key == config} | set(in_flight)
+    return next(s for s in range(first, first + len(taken) + 1) if s not in taken)
+
+
+def repeat_number(rows, config: str, running: list[str]) -> int:
+    """Which run of its configuration this is (1 for the first), counting those in flight."""
+    return sum(r.config == config for r in rows if r.status not in ("refused", "verify")) + running.count(config) + 1
 
 
 @dataclass(frozen=True)
@@ -31,19 +160,19 @@ class Study:
     rule: str
     rows: list[ledger.Row]
 
-    def plan(self, step: schedule.Next, config_id: str, in_flight: Sequence[tuple[str, int]] = (),
-             first_seed: int = schedule.FIRST_SEED) -> Plan:
-        """The plan of the run `step` (schedule.next_run's) asks for, of configuration `config_id`; in_flight:
+    def plan(self, step: Next, config_id: str, in_flight: Sequence[tuple[str, int]] = (),
+             first_seed: int = FIRST_SEED) -> Plan:
+        """The plan of the run `step` (next_run's) asks for, of configuration `config_id`; in_flight:
         (configuration, seed) of every run in flight beside it (the parallel driver's); first_seed: the first seed
         of a new configuration's runs (`autoresearch run --seed`); a series keeps the seed it began on."""
-        first = schedule.series_first(self.rows, config_id, first_seed)
-        seed = step.seed if step.seed is not None else schedule.seed(
+        first = series_first(self.rows, config_id, first_seed)
+        chosen = step.seed if step.seed is not None else seed(
             self.rows, config_id, [s for c, s in in_flight if c == config_id], self.rule, first)
-        return Plan(seed, schedule.repeat_number(self.rows, config_id, [c for c, _ in in_flight]), step.run_no,
+        return Plan(chosen, repeat_number(self.rows, config_id, [c for c, _ in in_flight]), step.run_no,
                     record.test_threshold(self.rows, self.config, self.rule, step.kind),
                     self.pruning(step.series is None and step.run_no == 1), self.audit_at_keep(step))
 
-    def audit_at_keep(self, step: schedule.Next) -> bool:
+    def audit_at_keep(self, step: Next) -> bool:
         """Whether the run's causality audit (evaluator/probes.py: 4,603 probes, what a run that may be kept gets)
         waits for its series to be kept (run.audit_series) instead of being made when it is scored: a candidate's
         run under a repeating rule once there is a champion, whose series may still end discarded (then no run

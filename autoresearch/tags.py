@@ -223,7 +223,7 @@ def last_kept_commit(repo: Path, config: Tag, rows: list[ledger.Row]) -> str:
 def branch_target(repo: Path, config: Tag, rows: list[ledger.Row]) -> str:
     """Where the branch belongs between runs: on the candidate while its confirmation series is open, else on
     the champion (the last kept commit). Of several open series (a parallel loop's leftovers), the one the next
-    run finishes first (schedule.py: the oldest)."""
+    run finishes first (study.py: the oldest)."""
     found = decide.unfinished(rows)
     series = found[0] if found else None
     if series is not None and series.kind == "candidate":

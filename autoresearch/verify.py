@@ -28,13 +28,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, ledger, record, recovery, run, schedule,
-                          sites, state, tags, verified)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, ledger, record, recovery, run, sites,
+                          state, study, tags, verified)
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
 EDITABLE = state.EDITABLE
-TRANSFER_FIRST_SEED = 1000  # fresh seeds: a night's seeds count up from schedule.FIRST_SEED (42)
+TRANSFER_FIRST_SEED = 1000  # fresh seeds: a night's seeds count up from study.FIRST_SEED (42)
 TRANSFER_SEEDS = 2          # seeds of each transfer pair (base and champion)
 MIN_SEEDS = 2               # the ablation's seeds at least: one difference has no standard error
 REF_PREFIX = "refs/autoresearch/verify/"  # the verification's commits, reachable (the ledger names them)
@@ -129,7 +129,7 @@ def ablation(repo: Path, rows, champ: ledger.Row, source: str, keeps, options: O
     """Each keep reverted, on the champion's seeds (interleaved, seed by seed, so drift spreads over all)."""
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == champ.key})
     want = options.seeds or max(len(mine), MIN_SEEDS)
-    seeds = (mine + [s for s in range(schedule.FIRST_SEED, schedule.FIRST_SEED + want + len(mine))
+    seeds = (mine + [s for s in range(study.FIRST_SEED, study.FIRST_SEED + want + len(mine))
                      if s not in mine])[:want]
     variants = []
     for keep in keeps:

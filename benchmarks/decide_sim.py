@@ -10,7 +10,7 @@ harness runs) is applied after every candidate run. A run's noise has sigma 1, o
 effect on every configuration alike (rho: how correlated two configurations' runs on one seed are; measured 0.72
 for two nearby configurations, BENCHMARKS.md). Two schedules side by side, on the same draws:
 - unpaired: every run its own seed, decide.decide with the pooled noise (the rule before paired seeds);
-- paired: a configuration's k-th run on seed k (schedule.seed), decide.compare + decide.rule (the rule now).
+- paired: a configuration's k-th run on seed k (study.seed), decide.compare + decide.rule (the rule now).
 --p-keep shows what another threshold would do. A model, not a measurement: BENCHMARKS.md has the measured A/A
 and planted-gain rates (benchmarks/decisions.py).
 

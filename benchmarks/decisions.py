@@ -9,7 +9,7 @@ checkout) on the prepared data in AUTORESEARCH_CACHE, with `autoresearch run` ex
   Every keep is a false keep. --aa-change init (the default) draws i random numbers right after
   torch.manual_seed: the model starts from other weights of the same distribution (the data order is the
   harness's seed), so the change is a fresh sample of the same quality, as a real change's run is on the
-  champion's seed (schedule.seed pairs them). --aa-change comment only adds a comment: with paired seeds that is
+  champion's seed (study.seed pairs them). --aa-change comment only adds a comment: with paired seeds that is
   the same computation as the champion's, which any rule should find trivially. The naive rule (one run, kept when below the best single
   run) is measured twice: replayed on the first runs of the same experiments, and run for real (--naive N, a
   tag with `--decision naive`).

@@ -514,7 +514,7 @@ def _loop_nothing_carried(ctx: Context, rows) -> list[str]:
 
 # The audit (4,603 probes) ran once per configuration (the harness of 51cec17: no audit once one of its runs had a
 # test_bpb). But the code need not cheat the same way on every run: train.py reads AUTORESEARCH_SEED, and a
-# configuration's first run always gets schedule.FIRST_SEED (42) under the stat rule. On seed 42 the model is
+# configuration's first run always gets study.FIRST_SEED (42) under the stat rule. On seed 42 the model is
 # honest (and trains only a few steps); on every later seed it trains the full budget and reads the next token at
 # the positions after its rarest tokens (f ~ 0.05%). Run 2 (the baseline's repeat, seed 43) is below the champion's
 # mean, so it may be kept (its test split is scored), yet it gets 459 probes, not the audit.

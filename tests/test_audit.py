@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoresearch import decide, schedule, study
+from autoresearch import decide, study
 
 
-def plan_of(rule: str, kept: bool, step: schedule.Next) -> bool:
+def plan_of(rule: str, kept: bool, step: study.Next) -> bool:
     rows = [SimpleNamespace(status="keep")] if kept else []
     return study.Study(None, None, rule, rows).audit_at_keep(step)
 
@@ -26,13 +26,13 @@ def test_only_a_candidates_runs_under_a_repeating_rule_wait_for_their_keep():
     baseline = decide.Series("baseline", "c0", "b0", "baseline", 1)
     candidate = decide.Series("candidate", "c1", "x1", "an idea", 1)
     for rule in decide.REPEATING:
-        assert plan_of(rule, True, schedule.Next("propose", new=True))
-        assert plan_of(rule, True, schedule.Next("series", series=candidate, run_no=2))
-        assert not plan_of(rule, True, schedule.Next("series", series=baseline, run_no=2))
-        assert not plan_of(rule, True, schedule.Next("control", series=candidate, seed=43))
-        assert not plan_of(rule, False, schedule.Next("baseline"))
-        assert not plan_of(rule, False, schedule.Next("propose", new=True))
-    assert not plan_of("naive", True, schedule.Next("propose", new=True))
+        assert plan_of(rule, True, study.Next("propose", new=True))
+        assert plan_of(rule, True, study.Next("series", series=candidate, run_no=2))
+        assert not plan_of(rule, True, study.Next("series", series=baseline, run_no=2))
+        assert not plan_of(rule, True, study.Next("control", series=candidate, seed=43))
+        assert not plan_of(rule, False, study.Next("baseline"))
+        assert not plan_of(rule, False, study.Next("propose", new=True))
+    assert not plan_of("naive", True, study.Next("propose", new=True))
 
 
 def set_lrs(source: str, value: float) -> str:

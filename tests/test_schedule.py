@@ -1,4 +1,4 @@
-"""The scheduler (schedule.py) on its own, and the two loops on one night: the sequential loop (loop.py) and the
+"""The scheduler (study.py) on its own, and the two loops on one night: the sequential loop (loop.py) and the
 parallel driver (driver.py, one worker) given the same outcomes must record the same decisions.
 
 The night is real harness code end to end (tags, git commits, the guard, the recorder, the branch moves, the
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autoresearch import descriptions, execute, ledger, loop, record, schedule, state, supervise, tags
+from autoresearch import descriptions, execute, ledger, loop, record, state, study, supervise, tags
 from autoresearch.ledger import Row
 
 
@@ -30,40 +30,40 @@ FULL_BASE = BASE + [row("keep", "base", "baseline [run 2]", "baseline 2/3", 1.01
 
 
 def test_an_empty_ledger_starts_the_baseline_and_counts_it_as_an_experiment():
-    step = schedule.next_run([], [], "stat", True, "base")
+    step = study.next_run([], [], "stat", True, "base")
     assert (step.kind, step.description, step.new) == ("baseline", "baseline", True)
-    assert schedule.next_run([], [], "stat", False, "base").kind == "wait"  # --max-experiments 0, or stopping
+    assert study.next_run([], [], "stat", False, "base").kind == "wait"  # --max-experiments 0, or stopping
 
 
 def test_the_baselines_runs_go_out_side_by_side_up_to_three():
-    assert schedule.next_run(BASE, [], "stat", False, "base").description == "baseline [run 2]"  # even when stopping
-    assert schedule.next_run(BASE, ["base"], "stat", True, "base").description == "baseline [run 3]"
-    assert schedule.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"
+    assert study.next_run(BASE, [], "stat", False, "base").description == "baseline [run 2]"  # even when stopping
+    assert study.next_run(BASE, ["base"], "stat", True, "base").description == "baseline [run 3]"
+    assert study.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"
     # the first run in flight, nothing recorded: two more may start; the naive rule runs it once
-    assert schedule.next_run([], ["base"], "stat", True, "base").description == "baseline [run 2]"
-    assert schedule.next_run([], ["base"], "naive", True, "base").kind == "wait"
+    assert study.next_run([], ["base"], "stat", True, "base").description == "baseline [run 2]"
+    assert study.next_run([], ["base"], "naive", True, "base").kind == "wait"
 
 
 def test_a_killed_harness_is_not_the_baselines_crash_and_three_real_crashes_stop_the_loop():
     interrupted = [row("crash", "base", "baseline [interrupted: harness died mid-run]", "interrupted")]
-    assert schedule.next_run(interrupted, [], "stat", True, "base").description == "baseline"
+    assert study.next_run(interrupted, [], "stat", True, "base").description == "baseline"
     crashed = [row("crash", "base", "baseline [crash: exit status 1]") for _ in range(2)]
-    assert schedule.next_run(crashed, [], "stat", True, "base").description == "baseline (try 3)"
+    assert study.next_run(crashed, [], "stat", True, "base").description == "baseline (try 3)"
     # a worker whose harness code failed is recorded with no "interrupted" decision: it counts
     failed = crashed + [row("crash", "base", "baseline [interrupted: w1 failed: boom]")]
-    assert schedule.next_run(failed, [], "stat", True, "base").kind == "stop"
-    assert schedule.next_run(failed, ["base"], "stat", True, "base").kind == "wait"  # a run in flight ends first
+    assert study.next_run(failed, [], "stat", True, "base").kind == "stop"
+    assert study.next_run(failed, ["base"], "stat", True, "base").kind == "wait"  # a run in flight ends first
 
 
 def test_a_candidates_confirmation_runs_one_at_a_time_before_new_proposals():
     rows = FULL_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, commit="abcdef1")]
-    step = schedule.next_run(rows, [], "stat", False, "base")
+    step = study.next_run(rows, [], "stat", False, "base")
     assert (step.kind, step.commit, step.description, step.run_no, step.new) == (
         "series", "abcdef1", "lr up [run 2]", 2, False)
-    assert schedule.next_run(rows, ["cand"], "stat", True, "base").kind == "propose"
-    assert schedule.next_run(FULL_BASE, [], "stat", True, "base").kind == "propose"
-    assert schedule.next_run(FULL_BASE, [], "stat", False, "base").kind == "wait"
-    assert schedule.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"  # the champion's mean first
+    assert study.next_run(rows, ["cand"], "stat", True, "base").kind == "propose"
+    assert study.next_run(FULL_BASE, [], "stat", True, "base").kind == "propose"
+    assert study.next_run(FULL_BASE, [], "stat", False, "base").kind == "wait"
+    assert study.next_run(BASE, ["base", "base"], "stat", True, "base").kind == "wait"  # the champion's mean first
 
 
 def test_a_series_whose_last_run_was_refused_or_interrupted_resumes_only_as_a_new_experiment():
@@ -72,18 +72,18 @@ def test_a_series_whose_last_run_was_refused_or_interrupted_resumes_only_as_a_ne
     confirming = FULL_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, commit="abcdef1")]
     for last in (row("refused", "cand", "lr up [run 2] [refused: the run took 40 s]"),
                  row("crash", "cand", "lr up [run 2] [interrupted: harness died]", "interrupted")):
-        step = schedule.next_run(confirming + [last], [], "stat", True, "base")
+        step = study.next_run(confirming + [last], [], "stat", True, "base")
         assert (step.kind, step.run_no, step.new) == ("series", 2, True)
-        assert schedule.next_run(confirming + [last], [], "stat", False, "base").kind == "wait"
+        assert study.next_run(confirming + [last], [], "stat", False, "base").kind == "wait"
     interrupted_baseline = BASE + [row("crash", "base", "baseline [run 2] [interrupted: x]", "interrupted")]
-    assert schedule.next_run(interrupted_baseline, [], "stat", False, "base").kind == "wait"  # `loop --max-experiments 0`
-    assert schedule.next_run(interrupted_baseline, [], "stat", True, "base").new
+    assert study.next_run(interrupted_baseline, [], "stat", False, "base").kind == "wait"  # `loop --max-experiments 0`
+    assert study.next_run(interrupted_baseline, [], "stat", True, "base").new
 
 
 def test_three_baseline_crashes_stop_the_loop_only_when_it_would_try_again():
     crashed = [row("crash", "base", "baseline [crash: exit status 1]") for _ in range(3)]
-    assert schedule.next_run(crashed, [], "stat", True, "base").kind == "stop"
-    assert schedule.next_run(crashed, [], "stat", False, "base").kind == "wait"  # the limit came first: exit 0
+    assert study.next_run(crashed, [], "stat", True, "base").kind == "stop"
+    assert study.next_run(crashed, [], "stat", False, "base").kind == "wait"  # the limit came first: exit 0
 
 
 def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_in_flight():
@@ -91,22 +91,22 @@ def test_a_configurations_kth_run_gets_the_champions_kth_seed_counting_the_runs_
     on the same seeds; a run with no result (crash, interruption, refusal) leaves its seed to the next, and two
     runs of one configuration never share a seed, in whatever order the parallel driver's runs end."""
     seeded = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BASE)]
-    assert schedule.seed(seeded, "base", [], "stat") == 45
-    assert schedule.seed(seeded, "base", [45, 46], "stat") == 47
-    assert schedule.seed(seeded, "cand", [], "stat") == 42 and schedule.seed(seeded, "cand", [42], "stat") == 43
+    assert study.seed(seeded, "base", [], "stat") == 45
+    assert study.seed(seeded, "base", [45, 46], "stat") == 47
+    assert study.seed(seeded, "cand", [], "stat") == 42 and study.seed(seeded, "cand", [42], "stat") == 43
     confirming = seeded + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, seed=42)]
-    assert schedule.seed(confirming, "cand", [], "stat") == 43
+    assert study.seed(confirming, "cand", [], "stat") == 43
     killed = confirming + [row("crash", "cand", "lr up [run 2] [interrupted: x]", "interrupted", seed=43),
                            row("refused", "cand", "lr up [run 2] [refused: y]", seed=43)]
-    assert schedule.seed(killed, "cand", [], "stat") == 43
+    assert study.seed(killed, "cand", [], "stat") == 43
     # the baseline's three runs went out side by side; the one on 42 was lost, 43 and 44 finished: its retry
     # takes 42 (not 44, which would pair a run with itself)
     out_of_order = [row("crash", "base", "baseline [interrupted: worker died]", "interrupted", seed=42),
                     row("keep", "base", "baseline [run 2]", "baseline 1/3", 1.0, seed=43),
                     row("keep", "base", "baseline [run 3]", "baseline 2/3", 1.0, seed=44)]
-    assert schedule.seed(out_of_order, "base", [], "stat") == 42
-    assert schedule.seed(seeded, "base", [], "naive") == 42
-    assert schedule.repeat_number(FULL_BASE, "base", ["base"]) == 5
+    assert study.seed(out_of_order, "base", [], "stat") == 42
+    assert study.seed(seeded, "base", [], "naive") == 42
+    assert study.repeat_number(FULL_BASE, "base", ["base"]) == 5
 
 
 # --- the control rule: a candidate's repeats beside the champion's control runs ---------------------------------
@@ -116,24 +116,24 @@ SEEDED_BASE = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BA
 
 def controlled(rule: str, candidate, base, rows=None, config: str = "cand", load=lambda kind: 0.0) -> list[Row]:
     """A candidate's whole series after `rows` (SEEDED_BASE by default), as both loops run it: what
-    schedule.next_run asks for, judged by record.judge, one row after another. candidate(seed) and base(seed): the
+    study.next_run asks for, judged by record.judge, one row after another. candidate(seed) and base(seed): the
     val_bpb a run of the candidate and a control run of the tag's base make now; load(kind): the cores others keep
     busy beside a "control" or a "run" of the candidate. Its rows."""
     rows = list(SEEDED_BASE if rows is None else rows)
     start = len(rows)
-    step = schedule.Next("propose")
+    step = study.Next("propose")
     while True:
         if step.kind == "control":
             rows.append(row("control", "base", step.description, f"control on seed {step.seed}", base(step.seed),
                             commit=step.commit, seed=step.seed, load=load("control")))
         elif step.kind in ("propose", "series"):
-            seed = schedule.seed(rows, config, [], rule)
+            seed = study.seed(rows, config, [], rule)
             status, stats = record.judge(rows, rule, step.series, (config, seed, candidate(seed)), None, load("run"))
             rows.append(row(status, config, step.description or f"try {config}", stats["decision"],
                             candidate(seed), commit=f"{config}0000"[:7], seed=seed, load=load("run")))
         else:
             return rows[start:]
-        step = schedule.next_run(rows, [], rule, False, "base")
+        step = study.next_run(rows, [], rule, False, "base")
 
 
 def test_under_the_control_rule_a_survivors_runs_are_paired_with_the_champion_on_their_seeds_in_time():
@@ -170,11 +170,11 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     assert control.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
     opened = SEEDED_BASE + series[:2]
     assert decide.latest_unfinished(opened).config == "cand"
-    step = schedule.next_run(opened, [], "control", False, "base")
+    step = study.next_run(opened, [], "control", False, "base")
     assert (step.kind, step.seed, step.commit) == ("control", 43, "c0ffee0")
     # in the parallel loop, a control in flight holds its candidate's series: nothing else of it goes out
-    assert schedule.in_flight("base", step.description) == "cand"
-    assert schedule.next_run(opened, ["cand"], "control", True, "base").kind == "propose"
+    assert study.in_flight("base", step.description) == "cand"
+    assert study.next_run(opened, ["cand"], "control", True, "base").kind == "propose"
     # an agent cannot write a control's description: its run would join another candidate's series
     assert descriptions.control_of(descriptions.clean(step.description)) == ""
     crashed = opened + [row("crash", "base", step.description + " [crash: exit status 1]", seed=43)]
@@ -183,8 +183,8 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     assert decide.latest_unfinished(refused) is None  # no redraw on demand: train.py broke a rule after training
     assert decide.latest_unfinished(crashed) is None
     interrupted = opened + [row("crash", "base", step.description + " [interrupted: x]", "interrupted", seed=43)]
-    assert schedule.next_run(interrupted, [], "control", True, "base").kind == "control"
-    assert schedule.next_run(interrupted, [], "control", False, "base").kind == "wait"  # resumes as a new experiment
+    assert study.next_run(interrupted, [], "control", True, "base").kind == "control"
+    assert study.next_run(interrupted, [], "control", False, "base").kind == "wait"  # resumes as a new experiment
 
 
 def test_no_agents_code_runs_as_a_control_so_a_champion_cannot_do_worse_when_it_is_run_again():
@@ -246,7 +246,7 @@ def test_a_control_refused_after_it_trained_ends_its_candidates_series():
 
     from autoresearch import decide
     opened = SEEDED_BASE + [row("confirm", "cand", "try cand", "P 0.7 after one run", 0.98, seed=42)]
-    step = schedule.next_run(opened, [], "control", False, "base")
+    step = study.next_run(opened, [], "control", False, "base")
     ran = record.Trial("r1", "t", step.commit, step.description, seed=step.seed, config="base")
     ex = SimpleNamespace(status="refused", reason="files other than train.py changed (notes.txt)",
                          training=SimpleNamespace(wall=10.0, load=0.0, done_after=None))
@@ -264,11 +264,11 @@ def test_a_series_keeps_its_seeds_whatever_seed_a_later_command_gives():
     """Red team: a series begun with --seed 1000 and resumed without it ran its candidate on 42 and its control
     on 1001, and was decided on one pair."""
     started = SEEDED_BASE + [row("confirm", "cand", "lr up", "P 0.7 after one run", 0.98, seed=1000)]
-    assert schedule.series_first(started, "cand") == 1000 and schedule.series_first(started, "x") == 42
-    step = schedule.next_run(started, [], "control", False, "base")
+    assert study.series_first(started, "cand") == 1000 and study.series_first(started, "x") == 42
+    step = study.next_run(started, [], "control", False, "base")
     assert (step.kind, step.seed) == ("control", 1000)
     paired = started + [row("control", "base", step.description, "", 1.0, seed=1000)]
-    assert schedule.next_run(paired, [], "control", False, "base").seed == 1001
+    assert study.next_run(paired, [], "control", False, "base").seed == 1001
 
 
 def test_a_train_py_that_ran_before_is_no_new_experiment():
