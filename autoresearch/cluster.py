@@ -11,7 +11,7 @@ import logging
 import os
 from pathlib import Path
 
-from autoresearch import agents, errors, fixed, git, machine, proposer, recovery, tags
+from autoresearch import agents, errors, fixed, git, machine, proposer, record, tags
 from autoresearch.driver import Driver, Stop
 
 
@@ -105,7 +105,7 @@ def main(repo: Path, args, log=print) -> int:
     ray, workers, gpu = start_ray(address, workers, threads, hw, log)
     try:
         config = tags.ensure(repo, args.tag, log, threads=threads, sandbox_mode=args.sandbox, rule=args.decision)
-        recovery.recover(repo, log, parallel=True)
+        record.recover(repo, log, parallel=True)
         driver = Driver(repo, config, args, ray, gpu, log)
         try:
             return driver.main(workers)

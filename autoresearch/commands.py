@@ -19,7 +19,7 @@ def status(repo: Path) -> str:
     """`autoresearch status`. Read-only: it never recovers, kills or writes anything, so it is safe next to a running loop."""
     import json
 
-    from autoresearch import git, ledger, recovery, state, tags
+    from autoresearch import git, ledger, record, state, tags
 
     config = tags.load_tag(repo)
     damaged = []
@@ -40,7 +40,7 @@ def status(repo: Path) -> str:
     if progress or any(r.status == "verify" for r in rows):
         lines.append(verified.text(verified.table(rows, progress.get("notes")))
                      + (f"\n  ({progress['finished']}/{progress['planned']} planned runs done)" if progress else ""))
-    pending = recovery.read_pending(repo)
+    pending = record.read_pending(repo)
     if pending is not None:
         if state.is_held(state.state_dir(repo)):
             lines.append(f"in flight: {pending.trial.description} (run {pending.trial.run_id}, started {pending.trial.started})")

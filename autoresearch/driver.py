@@ -14,7 +14,7 @@ One driver (this process, holding the repository's lock) owns the truth:
 - before a run is dispatched it is written to .autoresearch/inflight/<run_id>.json. A driver killed at any
   moment takes its workers with it (Ray ends the actors of a dead driver, and trainings die with their worker:
   processes.tied_to_parent), and the next `autoresearch loop` or `run` records each unrecorded run as interrupted
-  (recovery.recover_inflight). A worker killed mid-run, or a node leaving the cluster, surfaces here as an
+  (record.recover_inflight). A worker killed mid-run, or a node leaving the cluster, surfaces here as an
   ActorDiedError: the run is recorded as interrupted, a replacement worker is started, the others go on.
 
 Workers (worker.py) are identical by construction: same device type, same threads per run (the tag records

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import (decide, descriptions, errors, fixed, git, ledger, machine, recovery, state, tagconfig,
-                          tokens, verified)
+from autoresearch import (decide, descriptions, errors, fixed, git, ledger, machine, record, state, tagconfig, tokens,
+                          verified)
 
 
 class BadQuery(ValueError):
@@ -40,7 +40,7 @@ def in_flight(repo: Path) -> list[dict]:
     dispatched runs (their logs are on the workers)."""
     out = []
     try:
-        pending = recovery.read_pending(repo)
+        pending = record.read_pending(repo)
     except errors.HarnessError:
         pending = None
     if pending is not None:

@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import (agents, decide, git, ledger, proposer, recovery, run, sandbox, state, study, tags, tokens,
-                          verify)
+from autoresearch import agents, decide, git, ledger, proposer, record, run, sandbox, state, study, tags, tokens, verify
 from autoresearch.errors import HarnessError, MachineBusy
 
 
@@ -144,7 +143,7 @@ def main(repo: Path, args, log=print) -> int:
             outcome = patiently(repo, args, description, log, give_up, lambda: (
                 "asked to (.autoresearch/stop)" if stopping or stop() else "--hours reached"))
         except KeyboardInterrupt:
-            recovery.recover(repo, log, reason="interrupted by Ctrl-C")
+            record.recover(repo, log, reason="interrupted by Ctrl-C")
             log("stopped; the experiment in flight is recorded as interrupted")
             return 130
         if outcome is None:
@@ -160,7 +159,7 @@ def main(repo: Path, args, log=print) -> int:
 
 def begin(repo: Path, args, log) -> tuple:
     """The night's tag (set up if it is new) and the protection its runs get, never less than the tag's; what a
-    dead harness left is finished first (recovery.py)."""
+    dead harness left is finished first (record.py)."""
     if args.agent not in proposer.BUILTINS:
         agents.command_for(args.agent)  # a missing agent binary is an error before the loop starts
     config = tags.ensure(repo, args.tag, log, sandbox_mode=args.sandbox, rule=args.decision)
@@ -171,7 +170,7 @@ def begin(repo: Path, args, log) -> tuple:
     if config.protection == "bwrap" and protection != "bwrap":  # never a night with less than the tag's protection
         raise HarnessError(f"tag {config.tag} runs every training and its agent under bubblewrap: "
                            + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
-    recovery.recover(repo, log)
+    record.recover(repo, log)
     return config, protection
 
 

@@ -4,7 +4,7 @@ discard.
 run_once does one run: the next run of an unfinished series if there is one (study.py), else train.py as the
 agent left it, as a new candidate. run_series runs an experiment to its decision: its first run, then the
 repeats the rule asks for (decide.py). Every run is one ledger row, and what series is open is read from the
-ledger alone, so a kill between any two runs loses nothing (recovery.py finishes a run killed midway).
+ledger alone, so a kill between any two runs loses nothing (record.py finishes a run killed midway).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, processes,
-                          record, recovery, sandbox, state, study, supervise, tags, untrusted)
+                          record, sandbox, state, study, supervise, tags, untrusted)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
 
@@ -157,10 +157,10 @@ def audit_series(ctx: execute.Context, runs: list[tuple], pending: record.Pendin
 
 def begin(repo: Path, options: Options) -> tuple[Tag, str, str]:
     """The tag, the protection and the rule a run gets, once the fixed half is checked and anything a dead
-    harness left is finished (recovery.py)."""
+    harness left is finished (record.py)."""
     config = tags.load_tag(repo)
     fixed.check_contract()
-    recovery.recover(repo, options.log)
+    record.recover(repo, options.log)
     try:
         protection = sandbox.protection(options.sandbox_mode or config.sandbox_mode())
     except sandbox.SandboxError as e:

@@ -3,7 +3,7 @@
 
     results.tsv                      the ledger (ledger.py): append-only, the record of truth
     .autoresearch/tags/<tag>.json    written once by setup (tags.py): what the tag's runs are compared under
-    .autoresearch/pending.json       the run in flight of `autoresearch run`/`loop` (recovery.py)
+    .autoresearch/pending.json       the run in flight of `autoresearch run`/`loop` (record.py)
     .autoresearch/inflight/<id>.json each run a parallel driver has dispatched (driver.py)
     .autoresearch/runs/<id>/         one run: run.log, evaluation.json, out/ (the only dir a training writes)
     .autoresearch/lock               held by whoever changes state (RepoLock, below)

@@ -14,7 +14,7 @@ budget (or a larger model). docs/verify.md says what it answers and what it does
 Every run goes through the path an experiment's does (execute.execute, recorded by record.record) on a commit
 made beside the branch (git.commit_with, kept reachable under REF_PREFIX), never moving it; its row has status
 `verify` (ledger.py), which no rule, proposer or count of experiments reads. What runs is a plan derived from the
-ledger and git alone, so a killed verification continues where it stopped (recovery.py records the run in flight
+ledger and git alone, so a killed verification continues where it stopped (record.py records the run in flight
 as interrupted and puts train.py back; a recorded run is never run again).
 """
 
@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, ledger, record, recovery, run, sites,
-                          state, study, tags, verified)
+from autoresearch import (compiled, decide, descriptions, execute, fixed, git, ledger, record, run, sites, state, study,
+                          tags, verified)
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
@@ -237,7 +237,7 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
         try:
             row = run_one(repo, config, (protection, fixed_half), the_plan.champion, p, bar, log)
         except KeyboardInterrupt:
-            recovery.recover(repo, log, reason="interrupted by Ctrl-C")
+            record.recover(repo, log, reason="interrupted by Ctrl-C")
             log("stopped; `autoresearch verify` again continues where this stopped")
             return 130
         finally:

@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, recovery,
-                          sandbox, state, supervise, tags)
+from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, sandbox,
+                          state, supervise, tags)
 from autoresearch.tagconfig import Tag
 
 
@@ -132,7 +132,7 @@ class Worker:
         """A worker of this name that died mid-run left its pending record: end whatever it started."""
         path = state.pending_file(self.copy)
         try:
-            pending = recovery.read_pending(self.copy)
+            pending = record.read_pending(self.copy)
         except errors.HarnessError:
             pending = None
         if pending is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch import ledger, record, recovery, tagconfig
+from autoresearch import ledger, record, tagconfig
 from conftest import FIXED, STALL_ROOM, cli, compiled_warm, sh, with_cache_counters
 
 def edit_train(repo, pattern, replacement):
@@ -248,7 +248,7 @@ def test_recovery_after_the_row_was_written(repo, env):
     ledger.append(repo / "results.tsv", row)
     (repo / ".autoresearch" / "pending.json").write_text(json.dumps(
         {"run_id": "r1", "tag": "late", "commit": commit, "description": "change", "seed": 42, "processes": []}))
-    assert recovery.recover(repo, log=lambda *a: None) is None
+    assert record.recover(repo, log=lambda *a: None) is None
     assert [r.run_id for r in rows(repo)] == ["r1"]
     assert head(repo) == config.base_commit
 
