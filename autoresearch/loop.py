@@ -79,82 +79,108 @@ def parallel(args) -> bool:
 
 def main(repo: Path, args, log=print) -> int:
     """The sequential loop: the one-worker case of the parallel driver (study.py decides for both), each run
-    executed in the repository by run.run_once."""
-    config, protection = begin(repo, args, log)
-    rule = config.rule(args.decision)
-    agent = agents.proposer_for(args.agent, repo, config.tag, args.agent_timeout)
-    deadline = time.time() + args.hours * 3600 if args.hours else None
-    begun, failures, stopping = 0, 0, False
-    turn = None  # the record of the agent's turn that proposed the experiment running (tokens.py)
-    stop = dashboard_stop(repo)
-    log(f"loop on {config.branch} with agent {agent.name}, training protected by {protection}; Ctrl-C stops "
-        "after recording the experiment in flight")
+    executed in the repository by run.run_once. Its exit status: 0 done, 1 stopped by a failure, 130 Ctrl-C."""
+    return Night(repo, args, log).run()
 
-    reserved = []  # --verify with --hours: the seconds kept for the verification, once said
 
-    def in_time() -> bool:
+class Night:
+    """One `autoresearch loop`: its tag, rule and agent, and what the night has done so far (experiments begun,
+    proposals failed in a row, whether it is stopping)."""
+
+    def __init__(self, repo: Path, args, log=print):
+        self.repo, self.args, self.log = repo, args, log
+        self.config, protection = begin(repo, args, log)
+        self.rule = self.config.rule(args.decision)
+        self.agent = agents.proposer_for(args.agent, repo, self.config.tag, args.agent_timeout)
+        self.deadline = time.time() + args.hours * 3600 if args.hours else None
+        self.begun, self.failures, self.stopping = 0, 0, False
+        self.turn = None  # the record of the agent's turn that proposed the experiment running (tokens.py)
+        self.reserved = None  # --verify with --hours: the seconds kept for the verification, once said
+        self.stop = dashboard_stop(repo)
+        log(f"loop on {self.config.branch} with agent {self.agent.name}, training protected by {protection}; "
+            "Ctrl-C stops after recording the experiment in flight")
+
+    def rows(self) -> list[ledger.Row]:
+        return ledger.read(state.results(self.repo), self.config.tag)
+
+    def in_time(self) -> bool:
         """Whether --hours leaves time for an experiment, and with --verify for the morning's verification after
         it (cli.py runs it once the loop ends)."""
-        if deadline is None:
+        if self.deadline is None:
             return True
-        if not getattr(args, "verify", False):
-            return time.time() < deadline
-        needed = verify.seconds(repo, config, ledger.read(state.results(repo), config.tag, verification=True))
-        if time.time() + needed >= deadline and not reserved and time.time() < deadline:
-            reserved.append(needed)
-            log(f"stopping: the verification (--verify) needs about {needed / 60:.0f} min of the hours left; no new "
-                "experiment begins")
-        return time.time() + needed < deadline
+        if not getattr(self.args, "verify", False):
+            return time.time() < self.deadline
+        needed = verify.seconds(self.repo, self.config,
+                                ledger.read(state.results(self.repo), self.config.tag, verification=True))
+        if time.time() + needed >= self.deadline and self.reserved is None and time.time() < self.deadline:
+            self.reserved = needed
+            self.log(f"stopping: the verification (--verify) needs about {needed / 60:.0f} min of the hours left; "
+                     "no new experiment begins")
+        return time.time() + needed < self.deadline
 
-    def may_begin() -> bool:
-        return (not stopping and (args.max_experiments is None or begun < args.max_experiments) and in_time())
+    def may_begin(self) -> bool:
+        return (not self.stopping and (self.args.max_experiments is None or self.begun < self.args.max_experiments)
+                and self.in_time())
 
-    def give_up() -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
-        return stopping or stop.pending() or (deadline is not None and time.time() >= deadline)
+    def give_up(self) -> bool:  # while waiting for a quiet machine: the stop button and --hours still count
+        return self.stopping or self.stop.pending() or (self.deadline is not None and time.time() >= self.deadline)
 
-    while True:
-        if not stopping and stop():
-            log("stopping: asked to from the dashboard (.autoresearch/stop); an unfinished series finishes first")
-            stopping = True
-        rows = ledger.read(state.results(repo), config.tag)
-        step = study.next_run(rows, [], rule, may_begin(), tags.config_of(repo, git.head(repo)))
-        if step.kind == "stop":
-            log(step.reason)
-            return 1
-        if step.kind == "wait":  # nothing is in flight here: nothing more to run
-            return 0
-        description = step.description
-        if step.kind == "propose":
-            try:
-                description = agent.propose()
-            except (agents.AgentError, RuntimeError) as e:
-                failures += 1
-                log(f"agent failed to propose ({e})")
-                if failures >= 3:
-                    log("three failed proposals in a row: stopping")
-                    return 1
+    def run(self) -> int:
+        while True:
+            if not self.stopping and self.stop():
+                self.log("stopping: asked to from the dashboard (.autoresearch/stop); an unfinished series "
+                         "finishes first")
+                self.stopping = True
+            step = study.next_run(self.rows(), [], self.rule, self.may_begin(),
+                                  tags.config_of(self.repo, git.head(self.repo)))
+            if step.kind == "stop":
+                self.log(step.reason)
+                return 1
+            if step.kind == "wait":  # nothing is in flight here: nothing more to run
+                return 0
+            description = self.propose() if step.kind == "propose" else step.description
+            if isinstance(description, int):  # three failed proposals in a row: the night's exit status
+                return description
+            if description is None:
                 continue
-            failures = 0
-            turn = getattr(agent, "session", None)  # an external agent's: what its turn cost
-        elif step.kind == "baseline":
-            turn = None
-        begun += step.new
+            if step.kind == "baseline":
+                self.turn = None
+            self.begun += step.new
+            try:
+                outcome = patiently(self.repo, self.args, description, self.log, self.give_up, lambda: (
+                    "asked to (.autoresearch/stop)" if self.stopping or self.stop() else "--hours reached"))
+            except KeyboardInterrupt:
+                record.recover(self.repo, self.log, reason="interrupted by Ctrl-C")
+                self.log("stopped; the experiment in flight is recorded as interrupted")
+                return 130
+            if outcome is None:
+                return 0
+            self.recorded(outcome)
+
+    def propose(self) -> str | int | None:
+        """The agent's next experiment (its description); None: it failed, ask again; 1: the third failure in a
+        row, the night stops."""
         try:
-            outcome = patiently(repo, args, description, log, give_up, lambda: (
-                "asked to (.autoresearch/stop)" if stopping or stop() else "--hours reached"))
-        except KeyboardInterrupt:
-            record.recover(repo, log, reason="interrupted by Ctrl-C")
-            log("stopped; the experiment in flight is recorded as interrupted")
-            return 130
-        if outcome is None:
-            return 0
-        tokens.add_run(turn, outcome.row.run_id)  # the experiment's runs (repeats, controls) pay for its turn
-        log(line(len(ledger.read(state.results(repo), config.tag)), outcome.row))
+            description = self.agent.propose()
+        except (agents.AgentError, RuntimeError) as e:
+            self.failures += 1
+            self.log(f"agent failed to propose ({e})")
+            if self.failures >= 3:
+                self.log("three failed proposals in a row: stopping")
+                return 1
+            return None
+        self.failures = 0
+        self.turn = getattr(self.agent, "session", None)  # an external agent's: what its turn cost
+        return description
+
+    def recorded(self, outcome: run.Outcome) -> None:
+        """A finished run: its line, and the agent told once its experiment is decided."""
+        tokens.add_run(self.turn, outcome.row.run_id)  # the experiment's runs (repeats, controls) pay for its turn
+        self.log(line(len(self.rows()), outcome.row))
         if outcome.row.status == "crash":
-            log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))
-        if outcome.row.status != "confirm" and not decide.latest_unfinished(
-                ledger.read(state.results(repo), config.tag)):
-            agent.observe(outcome)  # the experiment is decided
+            self.log("  " + "\n  ".join(outcome.log_tail.splitlines()[-5:] + [run.crash_hint(outcome.row.commit)]))
+        if outcome.row.status != "confirm" and not decide.latest_unfinished(self.rows()):
+            self.agent.observe(outcome)  # the experiment is decided
 
 
 def begin(repo: Path, args, log) -> tuple:
