@@ -8,9 +8,12 @@ experiments (and deletes when it starts), to stop after the experiment in flight
 
 from __future__ import annotations
 
+import errno
 import json
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 from autoresearch import facts, state
 
@@ -43,64 +46,68 @@ def page(data: dict | None = None) -> str:
 # --- the live server ---------------------------------------------------------------------------------------
 
 
-def serve(repo: Path, host: str = "127.0.0.1", port: int = 8080, log=print):
-    """Serve the dashboard until Ctrl-C. Raises DashboardError when the port is taken."""
-    import errno
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import parse_qs, urlparse
+class Handler(BaseHTTPRequestHandler):
+    """One request to the dashboard; the server (a Server) holds the repository and the plotting library."""
 
-    results = state.results(repo)
-    library = plotly_js().encode()
+    def log_message(self, *args):  # quiet: a poll every two seconds would fill the terminal
+        pass
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet: a poll every two seconds would fill the terminal
-            pass
+    def send(self, code: int, body: bytes, kind: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
 
-        def send(self, code: int, body: bytes, kind: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self):
-            url = urlparse(self.path)
-            query = {k: v[0] for k, v in parse_qs(url.query).items()}
-            try:
-                if url.path == "/":
-                    self.send(200, page().encode(), "text/html; charset=utf-8")
-                elif url.path == "/plotly.min.js":
-                    self.send(200, library, "application/javascript")
-                elif url.path == "/api/facts":
-                    body = json.dumps(facts.facts(results, repo, query.get("tag"))).encode()
-                    self.send(200, body, "application/json")
-                elif url.path == "/api/diff":
-                    self.send(200, facts.diff(repo, query.get("commit", "")).encode(), "text/plain; charset=utf-8")
-                elif url.path == "/api/log":
-                    self.send(200, facts.log_tail(repo, query.get("run_id", "")).encode(), "text/plain; charset=utf-8")
-                else:
-                    self.send(404, b"not found", "text/plain")
-            except facts.BadQuery as e:
-                self.send(400, str(e).encode(), "text/plain")
-
-        def do_POST(self):
-            if urlparse(self.path).path != "/api/stop":
+    def do_GET(self):
+        repo, url = self.server.repo, urlparse(self.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        try:
+            if url.path == "/":
+                self.send(200, page().encode(), "text/html; charset=utf-8")
+            elif url.path == "/plotly.min.js":
+                self.send(200, self.server.library, "application/javascript")
+            elif url.path == "/api/facts":
+                body = json.dumps(facts.facts(state.results(repo), repo, query.get("tag"))).encode()
+                self.send(200, body, "application/json")
+            elif url.path == "/api/diff":
+                self.send(200, facts.diff(repo, query.get("commit", "")).encode(), "text/plain; charset=utf-8")
+            elif url.path == "/api/log":
+                self.send(200, facts.log_tail(repo, query.get("run_id", "")).encode(), "text/plain; charset=utf-8")
+            else:
                 self.send(404, b"not found", "text/plain")
-                return
-            path = state.stop_file(repo)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " from the dashboard\n")
-            self.send(200, b'{"stop_requested": true}', "application/json")
+        except facts.BadQuery as e:
+            self.send(400, str(e).encode(), "text/plain")
 
+    def do_POST(self):
+        if urlparse(self.path).path != "/api/stop":
+            self.send(404, b"not found", "text/plain")
+            return
+        path = state.stop_file(self.server.repo)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + " from the dashboard\n")
+        self.send(200, b'{"stop_requested": true}', "application/json")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, repo: Path):
+        self.repo, self.library = repo, plotly_js().encode()
+        super().__init__(address, Handler)
+
+
+def serve(repo: Path, host: str = "127.0.0.1", port: int = 8080, log=print):
+    """The dashboard's server, listening (the caller serves it until Ctrl-C). Raises DashboardError when the port
+    is taken."""
     try:
-        server = ThreadingHTTPServer((host, port), Handler)
+        server = Server((host, port), repo)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise DashboardError(f"port {port} on {host} is in use (another dashboard?): use --port N, e.g. "
                                  f"--port {port + 1}.") from None
         raise DashboardError(f"cannot listen on {host}:{port} ({e.strerror}).") from None
-    server.daemon_threads = True
     bound = server.server_address[1]
     log(f"dashboard on http://{host}:{bound}/ (read-only; Ctrl-C stops it). From another machine: "
         f"ssh -L {bound}:localhost:{bound} THIS_HOST, then open http://localhost:{bound}/")

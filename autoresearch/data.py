@@ -156,17 +156,7 @@ def prepare(force: bool = False, log=print, **wanted) -> dict:
             log("Prepared data failed verification, preparing again: " + "; ".join(problems))
         else:
             log(f"Replacing the prepared data in {root} ({existing['profile']}/{existing['dataset']}).")
-    # Checksums of climbmix shards kept on disk, to re-check them (the manifest names their hard links).
-    known = {}
-    if existing and existing.get("dataset") == "climbmix":
-        for rel, info in existing["files"].items():
-            m = re.search(r"train_(\d+)\.parquet$", rel)
-            if m:
-                known[f"shard_{int(m.group(1)):05d}.parquet"] = info["sha256"]
-            elif rel.endswith("/val.parquet"):
-                known[f"shard_{CLIMBMIX_VAL_SHARD:05d}.parquet"] = info["sha256"]
-            elif rel.endswith("/test.parquet"):
-                known[f"shard_{CLIMBMIX_TEST_SHARD:05d}.parquet"] = info["sha256"]
+    known = known_shards(existing)
     # Everything is built in a staging directory and swapped in at the end: a prepare that fails or is
     # interrupted leaves the data that was there before untouched and usable.
     staging = root / STAGING
@@ -178,8 +168,31 @@ def prepare(force: bool = False, log=print, **wanted) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
-    # The swap: without a manifest nothing counts as prepared, so a kill in these few renames only means
-    # "prepare again", never a mix of old and new files.
+    swap_in(root, staging, manifest)
+    log(f"prepared {manifest['train_tokens']:,} training and {manifest['val_tokens']:,} validation tokens in "
+        f"{time.time() - t0:.1f}s; data in {root}")
+    return manifest
+
+
+def known_shards(existing: dict | None) -> dict:
+    """Checksums of the climbmix shards kept on disk, by shard name, to re-check them (the manifest names their
+    hard links)."""
+    known = {}
+    if existing and existing.get("dataset") == "climbmix":
+        for rel, info in existing["files"].items():
+            m = re.search(r"train_(\d+)\.parquet$", rel)
+            if m:
+                known[f"shard_{int(m.group(1)):05d}.parquet"] = info["sha256"]
+            elif rel.endswith("/val.parquet"):
+                known[f"shard_{CLIMBMIX_VAL_SHARD:05d}.parquet"] = info["sha256"]
+            elif rel.endswith("/test.parquet"):
+                known[f"shard_{CLIMBMIX_TEST_SHARD:05d}.parquet"] = info["sha256"]
+    return known
+
+
+def swap_in(root: Path, staging: Path, manifest: dict) -> None:
+    """The staged data made the prepared data. Without a manifest nothing counts as prepared, so a kill in these
+    few renames only means "prepare again", never a mix of old and new files."""
     (root / MANIFEST_NAME).unlink(missing_ok=True)
     target = root / manifest["data_dir"]
     old = root / (STAGING + "-old")
@@ -192,9 +205,6 @@ def prepare(force: bool = False, log=print, **wanted) -> dict:
     os.replace(staging / MANIFEST_NAME, root / MANIFEST_NAME)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(staging, ignore_errors=True)
-    log(f"prepared {manifest['train_tokens']:,} training and {manifest['val_tokens']:,} validation tokens in "
-        f"{time.time() - t0:.1f}s; data in {root}")
-    return manifest
 
 
 def _build(staging: Path, want: Wanted, settings: dict, known: dict, root: Path, log) -> dict:
