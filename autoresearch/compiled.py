@@ -182,30 +182,10 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
         log(f"compile phase for base {name} (no data, outside the budget; from {started}): filling the compile "
             "cache")
         t0 = time.time()
-        processes.become_subreaper()  # what the phase starts stays in this tree, and ends with it
-        try:
-            proc = subprocess.run(argv, cwd=work, env=phase_env(view, phase_base, threads), capture_output=True,
-                                  text=True, errors="backslashreplace", timeout=PHASE_TIMEOUT,
-                                  stdin=subprocess.DEVNULL, preexec_fn=scratch.limit_files(BASE_LIMIT))
-            ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
-        except subprocess.TimeoutExpired:
-            ok, tail = False, f"timed out after {PHASE_TIMEOUT} s"
-        finally:
-            if cgroup is not None:
-                cgroup.kill()
-                cgroup.close()
-        if processes.end_descendants():
-            ok, tail = False, "a process it started could not be ended"
+        ok, tail = _run_phase(argv, work, phase_env(view, phase_base, threads), cgroup)
         seconds = time.time() - t0
-        if os.path.lexists(base):
-            remove(base)
-        try:
-            copy_base(phase_base, base)  # check()ed, then copied file by file
-        except (OSError, Unaccepted) as e:  # never handed to a run, never copied forward: empty
-            ok, tail = False, f"it left what the harness does not accept in its base: {e}"
-            if os.path.lexists(base):
-                remove(base)
-            (base / "headers").mkdir(parents=True)
+        adopted = _adopt(phase_base, base)
+        ok, tail = (False, adopted) if adopted else (ok, tail)
         if not ok:  # the runs then compile cold; the training's own log will say why it fails, if it does
             log(f"compile phase for base {name} failed after {seconds:.0f} s; its runs compile cold:\n"
                 f"{descriptions.printable(tail)}")
@@ -220,6 +200,40 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
     os.replace(tmp, root(cache) / f"{name}.done")
     prune(cache, keep=base)
     return base
+
+
+def _run_phase(argv: list[str], work: Path, env: dict, cgroup) -> tuple[bool, str]:
+    """Run the compile phase to its end, in its cgroup (killed after it) if it has one: (ok, its output's tail)."""
+    processes.become_subreaper()  # what the phase starts stays in this tree, and ends with it
+    try:
+        proc = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, errors="backslashreplace",
+                              timeout=PHASE_TIMEOUT, stdin=subprocess.DEVNULL,
+                              preexec_fn=scratch.limit_files(BASE_LIMIT))
+        ok, tail = proc.returncode == 0, (proc.stdout + proc.stderr)[-2000:]
+    except subprocess.TimeoutExpired:
+        ok, tail = False, f"timed out after {PHASE_TIMEOUT} s"
+    finally:
+        if cgroup is not None:
+            cgroup.kill()
+            cgroup.close()
+    if processes.end_descendants():
+        ok, tail = False, "a process it started could not be ended"
+    return ok, tail
+
+
+def _adopt(phase_base: Path, base: Path) -> str | None:
+    """What the phase left, check()ed, copied file by file into the base on disk; why not (the base is then
+    empty: never handed to a run, never copied forward), or None."""
+    if os.path.lexists(base):
+        remove(base)
+    try:
+        copy_base(phase_base, base)
+        return None
+    except (OSError, Unaccepted) as e:
+        if os.path.lexists(base):
+            remove(base)
+        (base / "headers").mkdir(parents=True)
+        return f"it left what the harness does not accept in its base: {e}"
 
 
 def prune(cache: Path, keep: Path) -> None:
