@@ -221,14 +221,10 @@ class Driver:
         ex = execute.Execution(res["status"], res["reason"], res["result"], res["evaluation"],
                                supervise.Training(**res["training"]))
         ran = replace(job, protection=res["protection"], **{k: res[k] for k in ("worker", "host", "device")})
-        try:
-            row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
-        except Exception as e:  # what the run reported broke the row: its crash (as run.run_once)
-            ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
-            row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
+        judge, series = study.Study(self.repo, self.config, self.rule, rows).judge, decide.series_of(rows, job.config)
+        ex, row = judge(ex, series, ran)
         if row.status == "keep" and (problem := self.audit_begun_series(rows, job.config)):
-            ex = replace(ex, status="refused", reason=problem)
-            row = record.result_row(self.config, ex, rows, self.rule, decide.series_of(rows, job.config), ran)
+            ex, row = judge(replace(ex, status="refused", reason=problem), series, ran)
         run_dir = state.run_dir(self.repo, job.run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         if ex.status == "ok":

@@ -59,7 +59,8 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     # the configuration about to run is planned: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
-    plan = study.Study(repo, config, rule, rows).plan(step, planned, first_seed=options.seed)
+    the_study = study.Study(repo, config, rule, rows)
+    plan = the_study.plan(step, planned, first_seed=options.seed)
     trial = record.Trial(state.new_run_id(), config.tag, git.head(repo), description, seed=plan.seed,
                          run_no=plan.run_no, test_threshold=plan.test_threshold,
                          audit_at_keep=plan.audit_at_keep, protection=protection,
@@ -91,26 +92,26 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         prune=getattr(plan.pruning, "check", None)))
     if base is not None:
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
-    ex, row = tell(ctx, ex, rows, rule, series, pending, log)
+    ex, row = tell(the_study, ctx, ex, series, pending, log)
     pending.path.unlink()
     return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)
 
 
-def tell(ctx: execute.Context, ex: execute.Execution, rows: list[ledger.Row], rule: str, series,
-         pending: record.Pending, log) -> tuple[execute.Execution, ledger.Row]:
+def tell(the_study: study.Study, ctx: execute.Context, ex: execute.Execution, series, pending: record.Pending,
+         log) -> tuple[execute.Execution, ledger.Row]:
     """A finished run's row, judged (and its series audited, when it keeps: audit_series), recorded, the branch
     put back unless it kept or confirms, and the models no longer vouched for dropped."""
-    repo, config, run_dir = ctx.repo, ctx.config, state.run_dir(ctx.repo, pending.trial.run_id)
-    ex, row = judged(config, ex, rows, rule, series, pending.trial)
+    repo, config, rows = ctx.repo, ctx.config, the_study.rows
+    run_dir = state.run_dir(repo, pending.trial.run_id)
+    ex, row = the_study.judge(ex, series, pending.trial)
     if row.status == "keep" and pending.trial.audit_at_keep:
         problem = audit_series(ctx, owed(repo, rows, pending.trial.config, execute.waited_for_keep) + (
             [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
             if ex.evaluation.get("test_bpb") is not None and not ex.evaluation.get("audited") else []), pending, log)
         if problem:  # the keep refused, its series ended (record.result_row)
-            ex, row = judged(config, replace(ex, status="refused", reason=problem), rows, rule, series,
-                             pending.trial)
+            ex, row = the_study.judge(replace(ex, status="refused", reason=problem), series, pending.trial)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
         git.reset_to(repo, tags.last_kept_commit(repo, config, rows), EDITABLE)
@@ -121,16 +122,6 @@ def tell(ctx: execute.Context, ex: execute.Execution, rows: list[ledger.Row], ru
         for done in series_dirs(repo, rows, pending.trial.config, run_dir) if ended else [run_dir]:
             record.drop_model(done)
     return ex, row
-
-
-def judged(config: Tag, ex: execute.Execution, rows, rule: str, series, trial: record.Trial):
-    """(ex, its row): what the run reported may break the row; then it is its crash, never an interruption
-    (execute.py)."""
-    try:
-        return ex, record.result_row(config, ex, rows, rule, series, trial)
-    except Exception as e:
-        ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
-        return ex, record.result_row(config, ex, rows, rule, series, trial)
 
 
 def series_dirs(repo: Path, rows: list[ledger.Row], config_id: str, run_dir: Path) -> list[Path]:

@@ -23,7 +23,7 @@ tests/test_schedule.py replays a ledger through both and compares the plans."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from autoresearch import control, decide, descriptions, fixed, ledger, prune, record, state, tags
@@ -171,6 +171,15 @@ class Study:
         return Plan(chosen, repeat_number(self.rows, config_id, [c for c, _ in in_flight]), step.run_no,
                     record.test_threshold(self.rows, self.config, self.rule, step.kind),
                     self.pruning(step.series is None and step.run_no == 1), self.audit_at_keep(step))
+
+    def judge(self, ex, series: decide.Series | None, trial: record.Trial) -> tuple:
+        """(ex, its row) for the finished run `trial` (an execute.Execution) against the rows before it; what the
+        run reported may break the row: then it is its crash, never an interruption (execute.py)."""
+        try:
+            return ex, record.result_row(self.config, ex, self.rows, self.rule, series, trial)
+        except Exception as e:
+            ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
+            return ex, record.result_row(self.config, ex, self.rows, self.rule, series, trial)
 
     def audit_at_keep(self, step: Next) -> bool:
         """Whether the run's causality audit (evaluator/probes.py: 4,603 probes, what a run that may be kept gets)
