@@ -176,13 +176,14 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
         argv = [sys.executable, "train.py"]
         if protection == "bwrap":
             argv = sandbox.wrap_compile_phase(argv, work, phase_base)
+        env = phase_env(view, phase_base, threads)  # before its cgroup exists: nothing can fail between the two
         cgroup, _ = cgroups.make("phase")
         if cgroup is not None:
             argv = cgroup.wrap(argv)
         log(f"compile phase for base {name} (no data, outside the budget; from {started}): filling the compile "
             "cache")
         t0 = time.time()
-        ok, tail = _run_phase(argv, work, phase_env(view, phase_base, threads), cgroup)
+        ok, tail = _run_phase(argv, work, env, cgroup)
         seconds = time.time() - t0
         adopted = _adopt(phase_base, base)
         ok, tail = (False, adopted) if adopted else (ok, tail)

@@ -93,16 +93,17 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address, repo: Path):
-        self.repo, self.library = repo, plotly_js().encode()
+    def __init__(self, address, repo: Path, library: bytes):
+        self.repo, self.library = repo, library
         super().__init__(address, Handler)
 
 
 def serve(repo: Path, host: str = "127.0.0.1", port: int = 8080, log=print):
     """The dashboard's server, listening (the caller serves it until Ctrl-C). Raises DashboardError when the port
     is taken."""
+    library = plotly_js().encode()  # read before listening: a missing file is its own error, not the port's
     try:
-        server = Server((host, port), repo)
+        server = Server((host, port), repo, library)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             raise DashboardError(f"port {port} on {host} is in use (another dashboard?): use --port N, e.g. "
