@@ -397,7 +397,7 @@ def save_exported(program, run_dir: Path) -> None:
     from safetensors.torch import save_file
     from torch._export.serde.serialize import serialize
 
-    # The weights go to safetensors below; torch before 2.12 has no switch and pickles them into the artifact too
+    # The weights go to safetensors below; torch 2.11 (and older) has no switch and pickles them into the artifact too
     skip = {k: False for k in ("serialize_state_dict", "serialize_constants", "serialize_example_inputs")
             if k in inspect.signature(serialize).parameters}
     artifact = serialize(program, **skip)

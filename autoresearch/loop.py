@@ -139,9 +139,10 @@ class Night:
             if step.kind == "wait":  # nothing is in flight here: nothing more to run
                 return 0
             description = self.propose() if step.kind == "propose" else step.description
-            if isinstance(description, int):  # three failed proposals in a row: the night's exit status
-                return description
-            if description is None:
+            if description is None:  # the agent failed: ask again, or stop after three failures in a row
+                if self.failures >= 3:
+                    self.log("three failed proposals in a row: stopping")
+                    return 1
                 continue
             if step.kind == "baseline":
                 self.turn = None
@@ -157,17 +158,13 @@ class Night:
                 return 0
             self.recorded(outcome)
 
-    def propose(self) -> str | int | None:
-        """The agent's next experiment (its description); None: it failed, ask again; 1: the third failure in a
-        row, the night stops."""
+    def propose(self) -> str | None:
+        """The agent's next experiment (its description); None: it failed (counted in self.failures)."""
         try:
             description = self.agent.propose()
         except (agents.AgentError, RuntimeError) as e:
             self.failures += 1
             self.log(f"agent failed to propose ({e})")
-            if self.failures >= 3:
-                self.log("three failed proposals in a row: stopping")
-                return 1
             return None
         self.failures = 0
         self.turn = getattr(self.agent, "session", None)  # an external agent's: what its turn cost

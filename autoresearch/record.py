@@ -24,8 +24,8 @@ from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import (control, decide, descriptions, execute, fixed, git, ledger, processes, sandbox, scratch, state,
-                          supervise, tagconfig, tags)
+from autoresearch import (control, decide, descriptions, execute, fixed, git, ledger, processes, sandbox, scratch,
+                          state, supervise, tagconfig, tags)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag

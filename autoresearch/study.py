@@ -1,7 +1,8 @@
 """What runs next, and what is decided about it before it runs: one place for both loops.
 
-What runs next is next_run's answer, a pure function of the ledger and the runs in flight. The sequential loop (loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver
-(driver.py) asks each time a worker is free, with the configurations its workers are running. In order:
+What runs next is next_run's answer, a pure function of the ledger and the runs in flight. The sequential loop
+(loop.py) is the one-worker case: nothing is in flight when it asks. The parallel driver (driver.py) asks each time
+a worker is free, with the configurations its workers are running. In order:
 1. an unfinished series (decide.unfinished, oldest first): the baseline's runs go out side by side, up to
    BASELINE_RUNS in all; a candidate's confirmation runs one at a time, so the rule sees its runs in order
    (under the control rule each with a control run of the tag's base beside it, first: control_due). A

@@ -163,8 +163,8 @@ overhead() {
     bundle="$(cd "$bundle" && pwd)"
     [ -f "$bundle/cache/manifest.json" ] || { echo "no prepared data in $bundle/cache: run \`$0 pack $bundle\` first" >&2; exit 1; }
     # `autoresearch run` on this checkout's committed HEAD, the default train.py, --runs times on one tag with the
-    # naive rule (one run per command, each kept and so audited at its keep): the evaluation, the audit, start-up,
-    # export and the harness's own work, per experiment, on this host's device.
+    # naive rule (one run per command; a run that beats the best is kept, and audited when scored): the evaluation,
+    # the audit, start-up, export and the harness's own work, per experiment, on this host's device.
     AUTORESEARCH_CACHE="$bundle/cache" HF_HUB_OFFLINE=1 "$PYTHON" "$ROOT/benchmarks/overhead.py" --rev HEAD \
         --budget "$budget" --runs "$runs" ${out:+--out "$out"}
 }

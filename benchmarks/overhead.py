@@ -79,7 +79,7 @@ def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
     t0 = time.perf_counter()
     proc = cli(repo, env, "run", "-m", f"unchanged {n}", *naive)
     total = time.perf_counter() - t0
-    if proc.returncode not in (0, 1) and not last_line(proc.stdout).startswith("refused:"):  # a refusal still took its time
+    if proc.returncode not in (0, 1) and not last_line(proc.stdout).startswith("refused:"):  # a refusal took its time
         raise SystemExit(f"{repo}: autoresearch run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     run_dir = max((repo / ".autoresearch" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     result_path = next((p for p in (run_dir / "out" / "result.json", run_dir / "result.json") if p.exists()), None)
@@ -94,8 +94,10 @@ def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
          "harness_eval": evaluation.get("seconds"), "val": evaluation.get("val_seconds"),
          "test": "test_bpb" in evaluation, "tok_s": result.get("tokens_per_second"),
          "compile": result.get("compile_seconds"), "dtype": result.get("dtype"),
-         "audit": audit.get("seconds", evaluation.get("causal_seconds")), "mfu": result.get("mfu_percent"), "mem_gb": result.get("memory_gb"),
-         "fa3": result.get("flash_attention_3"), "device": result.get("device"), "verdict": proc.stdout}
+         "audit": audit.get("seconds", evaluation.get("causal_seconds")), "mfu": result.get("mfu_percent"),
+         "mem_gb": result.get("memory_gb"), "fa3": result.get("flash_attention_3"), "device": result.get("device")}
+    if m["status"] not in ("keep", "discard", "confirm"):  # a crash or a refusal: say why
+        print(f"  {last_line(proc.stdout)}", flush=True)
     # The parts of the outside time. The training process: from its start to result.json (outside_s) is its
     # imports and interpreter start, train.py's startup (model, data, probe), the last step's overshoot of the
     # budget, the export and the check rows; then the evaluator; the rest is the harness's own work.
@@ -129,9 +131,6 @@ def main() -> None:
             for rev in revs:
                 m = one_run(repos[rev], env, args.budget, n)
                 rows[rev].append(m)
-                if m["status"] not in ("keep", "discard", "confirm"):
-                    print(f"{rev:>12} run {n + 1}: {last_line(m.pop('verdict'))}", flush=True)
-                m.pop("verdict", None)
                 print(f"{rev:>12} run {n + 1}: " + " ".join(
                     f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()), flush=True)
                 if args.out:

@@ -65,7 +65,7 @@ def test_an_honest_export_loads_and_computes_what_the_model_does(exported):
 
 
 def test_an_export_made_by_a_torch_without_the_switches_loads_and_computes_the_same(exported, tmp_path, monkeypatch):
-    """torch before 2.12 (an H200 host's 2.11) has serialize(exported_program, opset_version, pickle_protocol) and
+    """torch 2.11 (an H200 host's) has serialize(exported_program, opset_version, pickle_protocol) and
     no switch to leave the weights out: prepare.finish's export crashed every run there."""
     import prepare
     from torch._export.serde import serialize as serde
