@@ -179,7 +179,7 @@ class Driver:
             rows = ledger.read(self.results, self.config.tag)
             config_id = tags.config_of(self.repo, commit)
             if self.rule in decide.REPEATING:  # nothing new: ran before, or running now (copies side by side)
-                problem = run.rerun_problem(rows, config_id) or (
+                problem = study.Study(self.repo, self.config, self.rule, rows).rerun_problem(config_id) or (
                     f"{state.EDITABLE} as it is is running now on another worker: propose something else"
                     if any(job.config == config_id for job in self.running.values()) else None)
         if problem:  # recorded as `autoresearch run` records it, an experiment like any other; the worker is free

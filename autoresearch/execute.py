@@ -60,6 +60,19 @@ class Attempt:
     trained: bool = False                    # its training has ended: what fails from here is its crash (execute)
 
 
+@dataclass(frozen=True)
+class Held:
+    """What the harness holds through one training, for the checks after it: the evaluator (started early under
+    bubblewrap), the guard of everything outside the run directory, the compile base's state before the run
+    (None where a sandbox keeps the run from writing it), whether out/ was a bounded tmpfs, and the hard
+    timeout."""
+    evaluator: harness.Evaluator
+    watch: guard.Guard
+    base_before: object
+    bounded: bool
+    timeout: float
+
+
 @dataclass
 class Facts:
     """What the checks of a finished training read."""
@@ -192,32 +205,31 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         # recorded: never an exception that leaves the run "interrupted", which would let the same train.py run
         # again on the same seed once it saw how its training went (an export_error of 1 did, on demand).
         try:
-            return _after_training(ctx, attempt, evaluator, training, watch, base_before, bounded, timeout)
+            return _after_training(ctx, attempt, Held(evaluator, watch, base_before, bounded, timeout), training)
         except Exception as e:  # not KeyboardInterrupt: the user's Ctrl-C stays an interruption
             return Execution("crash", f"the harness could not check what the run left ({type(e).__name__}: "
                              f"{descriptions.printable(str(e))[:300]})", None, {}, training)
 
 
-def _after_training(ctx: Context, attempt: Attempt, evaluator, training: supervise.Training, watch: guard.Guard,
-                    base_before, bounded: bool, timeout: float) -> Execution:
+def _after_training(ctx: Context, attempt: Attempt, held: Held, training: supervise.Training) -> Execution:
     """What the training left, checked in order (integrity, pruning, the result's facts, CHECKS), then evaluated."""
     config, run_dir = ctx.config, attempt.run_dir
     dropped = settle(run_dir / sandbox.OUT_DIR, config.out_limit_bytes)  # the contract files, copied off the tmpfs
     if dropped:
         supervise.append_line(run_dir / state.RUN_LOG, f"out/: {len(dropped)} file(s) not kept (only the "
                               "contract files are): " + ", ".join(dropped[:5]) + (
-                                  "" if bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
+                                  "" if held.bounded else " (out/ was on the disk: no right to mount a tmpfs here)"))
     # Integrity first: the harness's state and the data must be as they were, whatever the run reports.
-    refusal = integrity(ctx, training, watch, attempt.compile_base, base_before)
+    refusal = integrity(ctx, training, held.watch, attempt.compile_base, held.base_before)
     if refusal is not None:
         return Execution("refused", refusal, None, {}, training)
     if training.pruned:
         return Execution("pruned", training.pruned, None, {}, training)
-    facts = read_facts(ctx, attempt, training, dropped, timeout)
+    facts = read_facts(ctx, attempt, training, dropped, held.timeout)
     for outcome, fails, reason in CHECKS:
         if fails(facts):
             return Execution(outcome, reason(facts), facts.result, {}, training)
-    return evaluated(ctx, attempt, evaluator, facts)
+    return evaluated(ctx, attempt, held.evaluator, facts)
 
 
 def boundary(config, out: Path) -> bool:

@@ -1,7 +1,7 @@
-"""Recording a finished run: its row (judged against the rows before it by decide.py), its log, the ledger.
+"""Recording a finished run: its Trial, its row (judged by study.Study.row), its log, the ledger.
 
 Both loops record through here: `autoresearch run` (run.py) after executing in the repository, and the parallel
-driver (driver.py) after a worker returns, so a run's row does not depend on where it ran. result_row judges,
+driver (driver.py) after a worker returns, so a run's row does not depend on where it ran. The Study judges,
 record writes; the branch is the caller's (a sequential run resets it on a discard, the driver fast-forwards it
 on a keep).
 
@@ -22,10 +22,9 @@ import os
 import uuid
 from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
-from statistics import fmean
 
-from autoresearch import (control, decide, descriptions, execute, fixed, git, ledger, processes, sandbox, scratch,
-                          state, supervise, tagconfig, tags)
+from autoresearch import (descriptions, fixed, git, ledger, processes, sandbox, scratch, state, supervise, tagconfig,
+                          tags)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import safe_read
 from autoresearch.tagconfig import Tag
@@ -125,101 +124,6 @@ def make_row(tag_config: Tag, commit: str, description: str, run_id: str, status
                       run_id=run_id, time=state.now(), budget_s=fields.pop("budget_s", tag_config.budget_s),
                       wall_s=fields.pop("wall", 0.0), fingerprint=tag_config.fingerprint[:12],
                       clock=tag_config.clock, **fields)
-
-
-def test_threshold(rows: list[ledger.Row], config: Tag, rule: str, kind: str = "") -> float | None:
-    """The val_bpb below which a run may be a new best, so the held-out test split is scored (and the deep audit
-    made) for it: the best single run (naive) or the champion's mean (stat). kind: the schedule's kind of the run
-    (study.Next.kind). Under the control rule a survivor's run may be kept above the champion's mean (its pairs
-    decide), so every such run is scored (None); a control (the tag's base, which no agent wrote) never is."""
-    if rule == "control" and kind in ("series", "control"):
-        return float("-inf") if kind == "control" else None
-    champ_row = decide.champion(rows)
-    values = decide.samples(rows).get(champ_row.key, []) if champ_row else []
-    if rule in decide.REPEATING and values:
-        return fmean(values)
-    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
-    return best_row.val_bpb if best_row else None
-
-
-def judge(rows: list[ledger.Row], rule: str, series: decide.Series | None, run: tuple[str, int, float],
-          best_before: float | None, load: float | None = None) -> tuple[str, dict]:
-    """The status of a finished run, run = (its configuration, seed, val_bpb), and the statistics its row carries
-    (decide.py). best_before: the best single run's val_bpb before it (the naive rule's bar); load: the cores
-    others kept busy during its training (the control rule's pairs need it)."""
-    config_id, seed, val_bpb = run
-    champ_row = decide.champion(rows)
-    values = decide.samples(rows)
-    values[config_id] = values.get(config_id, []) + [val_bpb]
-    mine = values[config_id]
-    noise = decide.pooled_noise(values)
-    stats = {"mean": fmean(mine), "n": len(mine), "sem": decide.sem(mine, noise) if noise else None}
-    if rule == "naive":
-        better = best_before is None or val_bpb < best_before
-        return ("keep" if better else "discard"), dict(stats, decision="naive: " + (
-            "first run" if best_before is None else f"{'below' if better else 'not below'} the best {best_before:.6f}"))
-    if champ_row is None or (series is not None and series.kind == "baseline"):
-        return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
-    if config_id == champ_row.key:
-        return "keep", dict(stats, decision="a repeat of the champion")
-    comparison = decide.compare(decide.seeded(rows) + [(config_id, seed, val_bpb)], config_id, champ_row.key)
-    if rule == "control" and len(mine) >= 2:  # past the screen: only the pairs made beside the base's controls
-        base = control.base_row(rows).key
-        tilted = control.tilted(rows, config_id, base, (seed, load))
-        if tilted:
-            return "discard", dict(stats, decision=tilted)
-        beside = control.in_time(control.control_diffs(rows, base, run), config_id, noise,
-                                None if champ_row.key == base else champ_row.key)
-        if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
-            status = "discard" if len(mine) >= decide.MAX_RUNS else "confirm"
-            return status, dict(stats, decision=f"no pairs beside controls after {len(mine)} runs"
-                                + (": undecided" if status == "discard" else ""))
-        comparison = beside
-    verdict = decide.rule(len(mine), comparison)
-    return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
-
-
-def control_stats(rows: list[ledger.Row], config_id: str, seed: int) -> dict:
-    """A control run's statistics: its configuration's (the tag's base) over its own runs, which controls never
-    join (a second run on a seed the base already ran would shrink the noise estimate; decide.finished)."""
-    mine = decide.samples(rows).get(config_id, [])
-    noise = decide.pooled_noise(decide.samples(rows))
-    return dict(mean=fmean(mine) if mine else None, n=len(mine), sem=decide.sem(mine, noise) if noise and mine else None,
-                decision=f"control on seed {seed}")
-
-
-def result_row(config: Tag, ex: execute.Execution, rows: list[ledger.Row], rule: str, series: decide.Series | None,
-               ran: Trial) -> ledger.Row:
-    """The ledger row of a finished execution, judged against the rows recorded before it."""
-    common = dict(load=ex.training.load, wall=ex.training.wall,
-                  outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
-    if ex.status == "refused":  # after it trained: train.py broke a rule. Its series ends there, and it may not run
-        # again as a new experiment (run.rerun_problem): a run refused on demand, after train.py saw how its
-        # training went, would otherwise be redrawn on its seed. A control refused after it trained ends its
-        # candidate's series too: redrawn, its seed would be drawn again until the pair suits the candidate.
-        # Refused before it trained: no result; it may run.
-        trained = bool(ex.training.wall)
-        return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
-                       decision=decide.REFUSED_CLOSES if trained else "", **common)
-    if ex.status == "pruned":
-        return ran.row(config, "pruned", decision=ex.reason, **common)
-    if ex.status == "crash":
-        return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.CRASH, ex.reason),
-                       decision=("crashed during its confirmation: discarded"
-                                 if series is not None and series.kind == "candidate" else ""), **common)
-    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
-    val_bpb = ex.evaluation["val_bpb"]
-    if descriptions.control_of(ran.description):  # the base beside a candidate: evidence, never a verdict
-        status, stats = "control", control_stats(rows, ran.config, ran.seed)
-    else:
-        status, stats = judge(rows, rule, series, (ran.config, ran.seed, val_bpb),
-                              best_row.val_bpb if best_row else None, ex.training.load)
-    test_bpb = ex.evaluation.get("test_bpb")
-    flags = [decide.identical_flag(rows, ran.config, val_bpb, ran.seed)]
-    if status == "keep":
-        flags.append(decide.test_gap_flag(rows, val_bpb, test_bpb, decide.pooled_noise(decide.samples(rows))))
-    return ran.row(config, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"], steps=ex.result["num_steps"],
-                   test_bpb=test_bpb, flags="; ".join(f for f in flags if f), **stats, **common)
 
 
 def publish_log(repo: Path, log_path: Path) -> None:

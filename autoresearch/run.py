@@ -55,7 +55,6 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
     step = study.next_run(rows, [], rule, True, "")
     series = step.series  # None: this run is a new candidate
     description = resume(repo, step, log) if series is not None else descriptions.clean(description)
-    best_row = ledger.best(rows, config.fingerprint, config.budget_s)
     # the configuration about to run is planned: git's name for train.py as it will be committed (line-ending
     # conversion and filters applied, as tags.config_of will see it)
     planned = planned_config(repo)
@@ -73,12 +72,12 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
     changed = git.changed_files(repo)
     problem = admission(repo, config, protection, rule, options.timeout, changed) or (
-        rerun_problem(rows, planned) if series is None and rule in decide.REPEATING else None)
+        the_study.rerun_problem(planned) if series is None and rule in decide.REPEATING else None)
     if problem:
         refuse(problem)
     fixed_half = fixed.of_tag(repo, config)
     try:
-        base = compiled.watched(repo, protection, lambda: compile_base(repo, config, rows, fixed_half, protection, log))
+        base = compiled.watched(repo, protection, lambda: compile_base(repo, config, fixed_half, protection, log))
     except compiled.Tampered as e:
         refuse(str(e))
     if config.clock == "wall":  # a competing process would be measured, not train.py (machine.py)
@@ -94,7 +93,7 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
         supervise.append_line(run_dir / state.RUN_LOG, compiled.note(base))
     ex, row = tell(the_study, ctx, ex, series, pending, log)
     pending.path.unlink()
-    return Outcome(row=row, best_before=best_row.val_bpb if best_row else None,
+    return Outcome(row=row, best_before=the_study.best.val_bpb if the_study.best else None,
                    log_tail=state.tail(run_dir / state.RUN_LOG), run_dir=run_dir, result=ex.result,
                    evaluation=ex.evaluation)
 
@@ -110,7 +109,7 @@ def tell(the_study: study.Study, ctx: execute.Context, ex: execute.Execution, se
         problem = audit_series(ctx, owed(repo, rows, pending.trial.config, execute.waited_for_keep) + (
             [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
             if ex.evaluation.get("test_bpb") is not None and not ex.evaluation.get("audited") else []), pending, log)
-        if problem:  # the keep refused, its series ended (record.result_row)
+        if problem:  # the keep refused, its series ended (study.Study.row)
             ex, row = the_study.judge(replace(ex, status="refused", reason=problem), series, pending.trial)
     record.record(repo, row, run_dir)
     if row.status not in ("keep", "confirm"):
@@ -241,30 +240,6 @@ def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: floa
     return tags.preflight(repo, config)
 
 
-def rerun_problem(rows, config_id: str) -> str | None:
-    """Why train.py as it is may not start a new experiment, or None: it ran before in this tag (the champion's,
-    or any configuration with a result, a crash, a pruning or a refusal after it trained). A repeat of the
-    champion would join its runs: an agent's train.py that does worse when run again (on a given hour, say)
-    raised the champion's mean at will, and a later no-op was kept every time (a red-team simulation, 4 repeats).
-    A resubmission of any other would redraw a run that train.py ended on purpose (a crash, a refusal, after it
-    saw its training go badly), on its seed, against the same controls. An interrupted run is no result: its
-    configuration may run again; so may the baseline, before it is kept. Both loops ask here, under the rules that decide on means (the naive rule's bar
-    is the best single run: a repeat there can only raise it)."""
-    champ = decide.champion(rows)
-    if champ is None:  # the baseline, again after a crash: the user's train.py, no agent's
-        return None
-    if champ.key == config_id:
-        return (f"{EDITABLE} is the champion's (commit {champ.commit}): nothing changed. Edit it to try something, "
-                "and run again")
-    ran = [r for r in rows if r.key == config_id and (
-        r.status in ("keep", "discard", "confirm", "pruned") or (r.status == "crash" and not decide.is_interruption(r))
-        or (r.status == "refused" and r.decision == decide.REFUSED_CLOSES))]
-    if ran:
-        return (f"{EDITABLE} as it is ran before in this tag (run {ran[-1].run_id}, {ran[-1].status}, commit "
-                f"{ran[-1].commit}): its result stands. Edit it to try something new, and run again")
-    return None
-
-
 def train_py_problem(raw: bytes, config: Tag, base: bytes) -> str | None:
     """Why this train.py may not run under this tag, or None: not UTF-8 text, over the tag's size limit, or
     carrying more than the tag's limit beyond its base (heldout.py). Both loops ask here."""
@@ -312,8 +287,7 @@ def planned_config(repo: Path) -> str:
     return git.git(repo, "hash-object", "--path", EDITABLE, EDITABLE, check=False)[:12]
 
 
-def compile_base(repo: Path, config: Tag, rows: list[ledger.Row], fixed_half: fixed.FixedHalf, protection: str,
-                 log=print) -> Path | None:
+def compile_base(repo: Path, config: Tag, fixed_half: fixed.FixedHalf, protection: str, log=print) -> Path | None:
     """The compile cache the run of train.py as it is now starts from: its configuration's base for this tag's
     threads per run (compiled.key), filled by a compile phase the first time, from a copy of the tag's base
     configuration's (never a champion's: compiled.Wanted); None when the tag was set up with

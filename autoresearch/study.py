@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
+from statistics import fmean
 
-from autoresearch import control, decide, descriptions, fixed, ledger, prune, record, state, tags
+from autoresearch import control, decide, descriptions, execute, fixed, ledger, prune, record, state, tags
 from autoresearch.tagconfig import Tag
 
 BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
@@ -149,17 +151,37 @@ class Plan:
     seed: int
     repeat: int                  # which run of its configuration (1 for the first), counting those in flight
     run_no: int                  # its place in its series
-    test_threshold: float | None  # record.test_threshold
+    test_threshold: float | None  # Study.test_threshold
     pruning: prune.Reference | None  # a candidate's first run: the base's curves it is stopped against
     audit_at_keep: bool = False  # its causality audit waits for its series' keep (audit_at_keep below)
 
 
 @dataclass(frozen=True)
 class Study:
+    """A tag's experiments as its ledger rows say, read once: what the loops ask of them before a run (plan,
+    rerun_problem) and after it (judge). Its answers about the rows (champion, best, samples, noise) are computed
+    once; a new row makes a new Study."""
     repo: Path
     config: Tag
     rule: str
     rows: list[ledger.Row]
+
+    @cached_property
+    def champion(self) -> ledger.Row | None:
+        return decide.champion(self.rows)
+
+    @cached_property
+    def best(self) -> ledger.Row | None:
+        """The best single kept run (the naive rule's bar), under the tag's fingerprint and budget."""
+        return ledger.best(self.rows, self.config.fingerprint, self.config.budget_s)
+
+    @cached_property
+    def samples(self) -> dict[str, list[float]]:
+        return decide.samples(self.rows)
+
+    @cached_property
+    def noise(self) -> decide.Noise | None:
+        return decide.pooled_noise(self.samples)
 
     def plan(self, step: Next, config_id: str, in_flight: Sequence[tuple[str, int]] = (),
              first_seed: int = FIRST_SEED) -> Plan:
@@ -170,17 +192,134 @@ class Study:
         chosen = step.seed if step.seed is not None else seed(
             self.rows, config_id, [s for c, s in in_flight if c == config_id], self.rule, first)
         return Plan(chosen, repeat_number(self.rows, config_id, [c for c, _ in in_flight]), step.run_no,
-                    record.test_threshold(self.rows, self.config, self.rule, step.kind),
-                    self.pruning(step.series is None and step.run_no == 1), self.audit_at_keep(step))
+                    self.test_threshold(step.kind), self.pruning(step.series is None and step.run_no == 1),
+                    self.audit_at_keep(step))
+
+    def test_threshold(self, kind: str = "") -> float | None:
+        """The val_bpb below which a run may be a new best, so the held-out test split is scored (and the deep
+        audit made) for it: the best single run (naive) or the champion's mean (stat). kind: the schedule's kind
+        of the run (Next.kind). Under the control rule a survivor's run may be kept above the champion's mean
+        (its pairs decide), so every such run is scored (None); a control (the tag's base, which no agent wrote)
+        never is."""
+        if self.rule == "control" and kind in ("series", "control"):
+            return float("-inf") if kind == "control" else None
+        values = self.samples.get(self.champion.key, []) if self.champion else []
+        if self.rule in decide.REPEATING and values:
+            return fmean(values)
+        return self.best.val_bpb if self.best else None
+
+    def rerun_problem(self, config_id: str) -> str | None:
+        """Why train.py as it is may not start a new experiment, or None: it ran before in this tag (the
+        champion's, or any configuration with a result, a crash, a pruning or a refusal after it trained). A
+        repeat of the champion would join its runs: an agent's train.py that does worse when run again (on a
+        given hour, say) raised the champion's mean at will, and a later no-op was kept every time (a red-team
+        simulation, 4 repeats). A resubmission of any other would redraw a run that train.py ended on purpose (a
+        crash, a refusal, after it saw its training go badly), on its seed, against the same controls. An
+        interrupted run is no result: its configuration may run again; so may the baseline, before it is kept.
+        Both loops ask here, under the rules that decide on means (the naive rule's bar is the best single run:
+        a repeat there can only raise it)."""
+        champ = self.champion
+        if champ is None:  # the baseline, again after a crash: the user's train.py, no agent's
+            return None
+        if champ.key == config_id:
+            return (f"{state.EDITABLE} is the champion's (commit {champ.commit}): nothing changed. Edit it to try "
+                    "something, and run again")
+        ran = [r for r in self.rows if r.key == config_id and (
+            r.status in ("keep", "discard", "confirm", "pruned")
+            or (r.status == "crash" and not decide.is_interruption(r))
+            or (r.status == "refused" and r.decision == decide.REFUSED_CLOSES))]
+        if ran:
+            return (f"{state.EDITABLE} as it is ran before in this tag (run {ran[-1].run_id}, {ran[-1].status}, "
+                    f"commit {ran[-1].commit}): its result stands. Edit it to try something new, and run again")
+        return None
 
     def judge(self, ex, series: decide.Series | None, trial: record.Trial) -> tuple:
         """(ex, its row) for the finished run `trial` (an execute.Execution) against the rows before it; what the
         run reported may break the row: then it is its crash, never an interruption (execute.py)."""
         try:
-            return ex, record.result_row(self.config, ex, self.rows, self.rule, series, trial)
+            return ex, self.row(ex, series, trial)
         except Exception as e:
             ex = replace(ex, status="crash", reason=f"its result could not be recorded ({type(e).__name__})")
-            return ex, record.result_row(self.config, ex, self.rows, self.rule, series, trial)
+            return ex, self.row(ex, series, trial)
+
+    def row(self, ex, series: decide.Series | None, ran: record.Trial) -> ledger.Row:
+        """The ledger row of a finished execution (an execute.Execution), judged against the rows before it."""
+        config = self.config
+        common = dict(load=ex.training.load, wall=ex.training.wall,
+                      outside_s=execute.outside_seconds(config, ex.training) if ex.training.wall else None)
+        if ex.status == "refused":  # after it trained: train.py broke a rule. Its series ends there, and it may
+            # not run again as a new experiment (rerun_problem): a run refused on demand, after train.py saw how
+            # its training went, would otherwise be redrawn on its seed. A control refused after it trained ends
+            # its candidate's series too: redrawn, its seed would be drawn again until the pair suits the
+            # candidate. Refused before it trained: no result; it may run.
+            trained = bool(ex.training.wall)
+            return ran.row(config, "refused", descriptions.noted(ran.description, descriptions.REFUSED, ex.reason),
+                           decision=decide.REFUSED_CLOSES if trained else "", **common)
+        if ex.status == "pruned":
+            return ran.row(config, "pruned", decision=ex.reason, **common)
+        if ex.status == "crash":
+            return ran.row(config, "crash", descriptions.noted(ran.description, descriptions.CRASH, ex.reason),
+                           decision=("crashed during its confirmation: discarded"
+                                     if series is not None and series.kind == "candidate" else ""), **common)
+        val_bpb = ex.evaluation["val_bpb"]
+        if descriptions.control_of(ran.description):  # the base beside a candidate: evidence, never a verdict
+            status, stats = "control", self.control_stats(ran.config, ran.seed)
+        else:
+            status, stats = self.verdict(series, (ran.config, ran.seed, val_bpb), ex.training.load)
+        test_bpb = ex.evaluation.get("test_bpb")
+        flags = [decide.identical_flag(self.rows, ran.config, val_bpb, ran.seed)]
+        if status == "keep":
+            flags.append(decide.test_gap_flag(self.rows, val_bpb, test_bpb, self.noise))
+        return ran.row(config, status, val_bpb=val_bpb, memory_gb=ex.result["memory_gb"],
+                       steps=ex.result["num_steps"], test_bpb=test_bpb, flags="; ".join(f for f in flags if f),
+                       **stats, **common)
+
+    def verdict(self, series: decide.Series | None, run: tuple[str, int, float],
+                load: float | None = None) -> tuple[str, dict]:
+        """The status of a finished run, run = (its configuration, seed, val_bpb), and the statistics its row
+        carries (decide.py). load: the cores others kept busy during its training (the control rule's pairs
+        need it)."""
+        config_id, seed_, val_bpb = run
+        champ_row = self.champion
+        values = {k: list(v) for k, v in self.samples.items()}
+        values[config_id] = values.get(config_id, []) + [val_bpb]
+        mine = values[config_id]
+        noise = decide.pooled_noise(values)
+        stats = {"mean": fmean(mine), "n": len(mine), "sem": decide.sem(mine, noise) if noise else None}
+        if self.rule == "naive":
+            best_before = self.best.val_bpb if self.best else None
+            better = best_before is None or val_bpb < best_before
+            return ("keep" if better else "discard"), dict(stats, decision="naive: " + (
+                "first run" if best_before is None
+                else f"{'below' if better else 'not below'} the best {best_before:.6f}"))
+        if champ_row is None or (series is not None and series.kind == "baseline"):
+            return "keep", dict(stats, decision=f"baseline {len(mine)}/{decide.BASELINE_RUNS}")
+        if config_id == champ_row.key:
+            return "keep", dict(stats, decision="a repeat of the champion")
+        comparison = decide.compare(decide.seeded(self.rows) + [run], config_id, champ_row.key)
+        if self.rule == "control" and len(mine) >= 2:  # past the screen: only the pairs beside the base's controls
+            base = control.base_row(self.rows).key
+            tilted = control.tilted(self.rows, config_id, base, (seed_, load))
+            if tilted:
+                return "discard", dict(stats, decision=tilted)
+            beside = control.in_time(control.control_diffs(self.rows, base, run), config_id, noise,
+                                     None if champ_row.key == base else champ_row.key)
+            if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
+                status = "discard" if len(mine) >= decide.MAX_RUNS else "confirm"
+                return status, dict(stats, decision=f"no pairs beside controls after {len(mine)} runs"
+                                    + (": undecided" if status == "discard" else ""))
+            comparison = beside
+        verdict = decide.rule(len(mine), comparison)
+        return verdict.status, dict(stats, p_better=verdict.p, decision=verdict.reason)
+
+    def control_stats(self, config_id: str, seed_: int) -> dict:
+        """A control run's statistics: its configuration's (the tag's base) over its own runs, which controls
+        never join (a second run on a seed the base already ran would shrink the noise estimate;
+        decide.finished)."""
+        mine = self.samples.get(config_id, [])
+        return dict(mean=fmean(mine) if mine else None, n=len(mine),
+                    sem=decide.sem(mine, self.noise) if self.noise and mine else None,
+                    decision=f"control on seed {seed_}")
 
     def audit_at_keep(self, step: Next) -> bool:
         """Whether the run's causality audit (evaluator/probes.py: 4,603 probes, what a run that may be kept gets)
@@ -191,13 +330,13 @@ class Study:
         stays on its machine)."""
         return (self.rule in decide.REPEATING and step.kind in ("propose", "series")
                 and not (step.series is not None and step.series.kind == "baseline")
-                and decide.champion(self.rows) is not None)
+                and self.champion is not None)
 
     def pruning(self, first_run: bool) -> prune.Reference | None:
         """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
         under a repeating rule, once there is a champion; None: it trains its whole budget."""
         if (self.rule not in decide.REPEATING or not prune.enabled() or not first_run
-                or decide.champion(self.rows) is None):
+                or self.champion is None):
             return None
         return prune.reference(self.rows, self.config.budget_s,
                                prune.log_reader(state.runs_dir(self.repo), state.RUN_LOG), fixed.runtime().STEP_RE,

@@ -266,10 +266,8 @@ def run_one(repo: Path, config: Tag, where: tuple, champion: str, p: Planned, on
         (repo / EDITABLE).write_text(p.source)
         state.fault_point("verify-written")
         run_dir.mkdir(parents=True)
-        rows = ledger.read(state.results(repo), config.tag, verification=True)
         try:
-            base = compiled.watched(repo, protection, lambda: run.compile_base(repo, config, rows, fixed_half,
-                                                                               protection, log))
+            base = compiled.watched(repo, protection, lambda: run.compile_base(repo, config, fixed_half, protection, log))
         except compiled.Tampered as e:
             raise HarnessError(str(e)) from None
         at_budget = config if p.budget == config.budget_s else dataclasses.replace(

@@ -213,3 +213,40 @@ def test_report_shows_the_noise_and_repeated_configurations(repo):
     assert "varies by 0.0115 (std, pooled over 3 repeats)" in proc.stdout
     assert f"1.960000 +- 0.008165  n=2  {changed}" in proc.stdout
     assert f"2.010000 +- 0.006667  n=3  {base}" in proc.stdout
+
+
+def test_the_loop_stops_after_three_failed_proposals_in_a_row(monkeypatch):
+    """An agent that fails to propose (its command errors or times out) is asked again; three failures in a row
+    stop the loop with exit status 1 and say why, and a proposal that succeeds in between starts the count
+    again."""
+    from types import SimpleNamespace
+
+    from autoresearch import agents, loop, study
+
+    script = iter(["fail", "fail", "try lr 0.02", "fail", "fail", "fail", "never asked"])
+    asked, ran, logged = [], [], []
+
+    class Agent:
+        name = "scripted"
+
+        def propose(self):
+            answer = next(script)
+            asked.append(answer)
+            if answer == "fail":
+                raise agents.AgentError("the agent's command exited 1")
+            return answer
+
+    night = loop.Night.__new__(loop.Night)  # the night's state alone: no tag, no repository
+    night.repo, night.args, night.log, night.rule = None, SimpleNamespace(max_experiments=None), logged.append, "stat"
+    night.agent, night.deadline, night.begun, night.failures, night.stopping, night.turn = Agent(), None, 0, 0, False, None
+    night.stop = lambda: False
+    monkeypatch.setattr(night, "rows", lambda: [])
+    monkeypatch.setattr(night, "recorded", lambda outcome: None)
+    monkeypatch.setattr(loop.study, "next_run", lambda *a: study.Next("propose", new=True))
+    monkeypatch.setattr(loop.tags, "config_of", lambda repo, commit: "c" * 12)
+    monkeypatch.setattr(loop.git, "head", lambda repo: "0" * 40)
+    monkeypatch.setattr(loop, "patiently", lambda repo, args, description, *rest: ran.append(description) or "outcome")
+    assert night.run() == 1
+    assert asked == ["fail", "fail", "try lr 0.02", "fail", "fail", "fail"] and ran == ["try lr 0.02"]
+    assert logged.count("three failed proposals in a row: stopping") == 1
+    assert sum("agent failed to propose" in line for line in logged) == 5

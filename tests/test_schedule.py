@@ -17,6 +17,8 @@ import pytest
 from autoresearch import descriptions, execute, ledger, loop, record, state, study, supervise, tags
 from autoresearch.ledger import Row
 
+TAG = SimpleNamespace(tag="t", fingerprint="f" * 12, budget_s=2, clock="wall")  # what a Study reads of a tag here
+
 
 def row(status, config, description, decision="", val=0.0, commit="c0ffee0", seed=0, load=None):
     return Row(commit=commit, val_bpb=val, memory_gb=0.0, status=status, description=description, tag="t",
@@ -116,7 +118,7 @@ SEEDED_BASE = [dataclasses.replace(r, seed=42 + i) for i, r in enumerate(FULL_BA
 
 def controlled(rule: str, candidate, base, rows=None, config: str = "cand", load=lambda kind: 0.0) -> list[Row]:
     """A candidate's whole series after `rows` (SEEDED_BASE by default), as both loops run it: what
-    study.next_run asks for, judged by record.judge, one row after another. candidate(seed) and base(seed): the
+    study.next_run asks for, judged by study.Study.verdict, one row after another. candidate(seed) and base(seed): the
     val_bpb a run of the candidate and a control run of the tag's base make now; load(kind): the cores others keep
     busy beside a "control" or a "run" of the candidate. Its rows."""
     rows = list(SEEDED_BASE if rows is None else rows)
@@ -128,7 +130,8 @@ def controlled(rule: str, candidate, base, rows=None, config: str = "cand", load
                             commit=step.commit, seed=step.seed, load=load("control")))
         elif step.kind in ("propose", "series"):
             seed = study.seed(rows, config, [], rule)
-            status, stats = record.judge(rows, rule, step.series, (config, seed, candidate(seed)), None, load("run"))
+            status, stats = study.Study(None, TAG, rule, rows).verdict(step.series, (config, seed, candidate(seed)),
+                                                                       load("run"))
             rows.append(row(status, config, step.description or f"try {config}", stats["decision"],
                             candidate(seed), commit=f"{config}0000"[:7], seed=seed, load=load("run")))
         else:
@@ -251,12 +254,13 @@ def test_a_control_refused_after_it_trained_ends_its_candidates_series():
     ex = SimpleNamespace(status="refused", reason="files other than train.py changed (notes.txt)",
                          training=SimpleNamespace(wall=10.0, load=0.0, done_after=None))
     tag = SimpleNamespace(tag="t", fingerprint="f" * 12, budget_s=2, clock="wall")
-    refused = record.result_row(tag, ex, opened, "control", step.series, ran)
+    refused = study.Study(None, tag, "control", opened).row(ex, step.series, ran)
     assert (refused.status, refused.decision) == ("refused", decide.REFUSED_CLOSES)
     assert decide.latest_unfinished(opened + [refused]) is None
     # refused before it trained (no training wall time): no result, the control runs again
-    early = record.result_row(tag, SimpleNamespace(status="refused", reason="x", training=SimpleNamespace(
-        wall=0.0, load=None, done_after=None)), opened, "control", step.series, ran)
+    early = study.Study(None, tag, "control", opened).row(SimpleNamespace(status="refused", reason="x",
+                                                          training=SimpleNamespace(wall=0.0, load=None, done_after=None)),
+                                                          step.series, ran)
     assert decide.latest_unfinished(opened + [early]).config == "cand"
 
 
@@ -276,16 +280,19 @@ def test_a_train_py_that_ran_before_is_no_new_experiment():
     worse when run again (after a given hour) raised its mean at will, and a later no-op was kept every time after
     4 such repeats; a configuration resubmitted after train.py had itself refused (or crashed, or pruned) was
     redrawn on its seed. Both loops refuse it before it trains; an interrupted run is no result."""
-    from autoresearch import decide, run
-    assert "nothing changed" in run.rerun_problem(FULL_BASE, "base")
-    assert run.rerun_problem(FULL_BASE, "cand") is None and run.rerun_problem([], "base") is None
-    assert run.rerun_problem([row("crash", "base", "baseline [crash: exit status 1]")], "base") is None  # its retry
+    from autoresearch import decide
+
+    def rerun_problem(rows, config_id):
+        return study.Study(None, TAG, "stat", rows).rerun_problem(config_id)
+    assert "nothing changed" in rerun_problem(FULL_BASE, "base")
+    assert rerun_problem(FULL_BASE, "cand") is None and rerun_problem([], "base") is None
+    assert rerun_problem([row("crash", "base", "baseline [crash: exit status 1]")], "base") is None  # its retry
     for last in (row("refused", "cand", "x [refused: late]", decide.REFUSED_CLOSES), row("crash", "cand", "x"),
                  row("pruned", "cand", "x"), row("discard", "cand", "x", "", 1.1)):
-        assert "ran before" in run.rerun_problem(FULL_BASE + [last], "cand"), last
+        assert "ran before" in rerun_problem(FULL_BASE + [last], "cand"), last
     for last in (row("refused", "cand", "x [refused: other files changed]"),
                  row("crash", "cand", "x [interrupted: harness died]", "interrupted")):
-        assert run.rerun_problem(FULL_BASE + [last], "cand") is None, last
+        assert rerun_problem(FULL_BASE + [last], "cand") is None, last
 
 
 # --- one night through both loops ------------------------------------------------------------------------------

@@ -19,8 +19,8 @@ CAUSAL_PROBES = 459
 # The deeper audit of every run that may be kept (its val_bpb below the champion's mean, so the test split is
 # scored too; every run while there is no champion): catches a model reading the future at 0.1% of the positions
 # with probability >= 0.99, ceil(log(0.01) / log(0.999)) = 4603. Every such run, whatever its seed: once per
-# configuration let a train.py honest on its first seed cheat on the others (redteam seed-dependent-audit). It
-# costs ~39 s on the cpu profile, on those runs only (BENCHMARKS.md).
+# configuration let a train.py honest on its first seed cheat on the others (redteam seed-dependent-audit). Its
+# cost, and why no arrangement of probes certifies as much for less: docs/speed.md.
 AUDIT_PROBES = 4603
 
 

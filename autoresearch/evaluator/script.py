@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     sys.path += args.path
     if args.wait:  # importing beside a training that starts: yield the cores to it. This process has its own
         os.nice(19)  # session, hence its own autogroup where Linux has them, and nice only counts within one:
-        try:         # the autogroup's nice too (a bf16 matmul next to it: 789 GFLOP/s, with it 1,900, alone 1,950)
+        try:         # the autogroup's nice too (without it a training beside this import lost half its matmul rate)
             with open("/proc/self/autogroup", "w") as f:
                 f.write("19")
         except OSError:  # no autogroups (or not Linux): the plain nice is what counts
