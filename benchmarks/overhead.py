@@ -17,6 +17,13 @@ files with torch), to measure what a venv in the clone costs the harness per exp
 
     python benchmarks/overhead.py --rev HEAD --rev HEAD+venv --budget 30 --runs 3
 
+An unaudited run at the real budget: under the naive rule a run is audited when it beats the best, which an
+unchanged train.py does by chance. --worse runs every run after a revision's first with MATRIX_LR a hundredth of
+the default's: the same model, the same costs outside the budget, a result certainly worse, so discarded and
+scored without the audit (its first run after the change also fills the changed configuration's compile base):
+
+    python benchmarks/overhead.py --budget 300 --runs 3 --worse
+
 Run it alone: another torch process on the same cores makes every number meaningless.
 """
 
@@ -74,6 +81,18 @@ def last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+WORSE = ("MATRIX_LR = 0.04 ", "MATRIX_LR = 0.0004 ")  # --worse: the default's Muon rate, and a hundredth of it
+
+
+def make_worse(repo: Path) -> None:
+    """train.py with its matrices' learning rate a hundredth of the default's (--worse): same shapes, same costs."""
+    path = repo / "train.py"
+    text = path.read_text()
+    if WORSE[0] not in text:
+        raise SystemExit(f"{repo}: --worse needs a train.py with {WORSE[0].strip()!r}")
+    path.write_text(text.replace(WORSE[0], WORSE[1], 1))
+
+
 def one_run(repo: Path, env: dict, budget: float, n: int) -> dict:
     naive = naive_option(repo, env, "run")
     t0 = time.perf_counter()
@@ -115,6 +134,8 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=30)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", help="write every measurement as JSON lines here")
+    parser.add_argument("--worse", action="store_true",
+                        help="every run after the first with a worse train.py: discarded, so never audited")
     args = parser.parse_args()
     revs = args.rev or ["HEAD"]
     env = dict(os.environ, AUTORESEARCH_TIME_BUDGET=f"{args.budget:g}")
@@ -129,13 +150,16 @@ def main() -> None:
         rows = {rev: [] for rev in revs}
         for n in range(args.runs):
             for rev in revs:
+                if args.worse and n > 0:  # a discard put train.py back: worse again, before each run
+                    make_worse(repos[rev])
                 m = one_run(repos[rev], env, args.budget, n)
                 rows[rev].append(m)
                 print(f"{rev:>12} run {n + 1}: " + " ".join(
                     f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()), flush=True)
                 if args.out:
                     with open(args.out, "a") as f:
-                        f.write(json.dumps({"rev": rev, "budget": args.budget, **m}) + "\n")
+                        f.write(json.dumps({"rev": rev, "budget": args.budget, "worse": args.worse and n > 0, **m})
+                                + "\n")
     print(f"\nmedians over {args.runs} runs, budget {args.budget:g} s (seconds):")
     keys = ["outside", "imports_etc", "startup", "overshoot", "export", "harness_eval", "val", "audit", "harness",
             "compile", "tok_s", "mfu"]
