@@ -15,10 +15,11 @@ a worker is free, with the configurations its workers are running. In order:
 3. a new proposal, once the baseline's series is complete, if the loop may begin another experiment
    (--max-experiments, --hours and the stop button say).
 
-What is decided about a run before it runs: a Study (the tag, its decision rule,
-its ledger rows read once) plans each run (Plan: its seed, which run of its configuration it is, its place in
-its series, the val_bpb below which its test split is scored, what it is pruned against, when it is
-audited). `autoresearch run` (run.run_once) and the parallel driver (driver.Driver.job) both ask Study.plan;
+What is decided about a run before it runs, and after: a Study (the tag, its decision rule, its ledger rows read
+once) plans each run (Plan: its seed, which run of its configuration it is, its place in its series, the val_bpb
+below which its test split is scored, what it is pruned against, when it is audited), refuses a train.py that
+ran before (rerun_problem), and judges the finished run (judge: its row, its status by decide.py's rules).
+`autoresearch run` (run.run_once) and the parallel driver (driver.Driver) both ask the Study;
 tests/test_schedule.py replays a ledger through both and compares the plans."""
 
 from __future__ import annotations
