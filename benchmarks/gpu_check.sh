@@ -7,7 +7,7 @@
 #   # 2. Copy BUNDLE and this checkout to the GPU host, then, there, offline:
 #   bash benchmarks/gpu_check.sh run BUNDLE [--budget 120] [--out DIR] [--repo DIR]
 #   # 3. An experiment's whole cost on that host, the harness included (benchmarks/overhead.py on the bundle's data):
-#   bash benchmarks/gpu_check.sh overhead BUNDLE [--budget 60] [--runs 2] [--out FILE.jsonl]
+#   bash benchmarks/gpu_check.sh overhead BUNDLE [--budget 60] [--runs 2] [--worse] [--out FILE.jsonl]
 #
 # `run` runs the train.py of --repo, unconfined (default: this checkout's reviewed train.py, autoresearch/untrusted.py,
 # never its work tree's, which an agent may have written: docs/integrity.md). It installs the missing wheels into BUNDLE/site
@@ -151,12 +151,13 @@ EOF
 
 overhead() {
     local bundle="$1"; shift
-    local budget=60 runs=2 out=""
+    local budget=60 runs=2 out="" worse=""
     while [ $# -gt 0 ]; do
         case "$1" in
             --budget) budget="$2"; shift 2 ;;
             --runs) runs="$2"; shift 2 ;;
             --out) out="$2"; shift 2 ;;
+            --worse) worse="--worse"; shift ;;  # runs after the first discarded: unaudited (overhead.py)
             *) echo "overhead: unknown option $1" >&2; usage ;;
         esac
     done
@@ -166,7 +167,7 @@ overhead() {
     # naive rule (one run per command; a run that beats the best is kept, and audited when scored): the evaluation,
     # the audit, start-up, export and the harness's own work, per experiment, on this host's device.
     AUTORESEARCH_CACHE="$bundle/cache" HF_HUB_OFFLINE=1 "$PYTHON" "$ROOT/benchmarks/overhead.py" --rev HEAD \
-        --budget "$budget" --runs "$runs" ${out:+--out "$out"}
+        --budget "$budget" --runs "$runs" ${worse} ${out:+--out "$out"}
 }
 
 case "${1:-}" in

@@ -26,14 +26,15 @@ def evaluate(prepare, request: Request) -> dict:
 
     t0 = time.time()
     device, dtype = request.device, request.dtype
-    module, shape = load_program(prepare, Path(request.run_dir), device)
+    module, shape = load_program(prepare, Path(request.run_dir), device)  # on a GPU: its context made here too
+    load_seconds = time.time() - t0
     batch_size, seq_len = shape if len(shape) == 2 else (None, None)
     manifest = prepare.require_manifest()
     if seq_len != manifest["max_seq_len"]:
         raise Broken(f"the model was exported for inputs of shape {shape}; it must take (batch, "
                      f"{manifest['max_seq_len']}) tokens")
     token_bytes = prepare.Tokenizer.from_directory().get_token_bytes()
-    out = {"batch_size": batch_size, "device": device, "dtype": dtype}
+    out = {"batch_size": batch_size, "device": device, "dtype": dtype, "load_seconds": load_seconds}
 
     def forward(x):
         return module(x.to(device))
@@ -41,11 +42,13 @@ def evaluate(prepare, request: Request) -> dict:
     vocab = int(token_bytes.shape[0])
     with torch.no_grad(), prepare.autocast_for(torch.device(device).type, dtype):
         try:
+            t1 = time.time()
             check = prepare.check_rows(batch_size)
             out["check_bpb"] = finite(prepare.rows_bpb(forward, check, token_bytes, batch_size, device), "check_bpb")
             if not abs(out["check_bpb"] - request.check_bpb) <= CHECK_TOLERANCE[dtype]:
                 raise Refused(f"the exported model does not reproduce train.py's: check_bpb {out['check_bpb']:.6f} "
                               f"(harness) vs {request.check_bpb:.6f} (train.py)")
+            out["check_seconds"] = time.time() - t1  # the first forwards: on a GPU, its kernels' first loads
             t1 = time.time()
             drawn = {} if request.draw is None else {"draw": request.draw}  # a tag from before draws: its prepare.py
             val = prepare.evaluation_rows("val", **drawn)
