@@ -250,3 +250,31 @@ def test_the_loop_stops_after_three_failed_proposals_in_a_row(monkeypatch):
     assert asked == ["fail", "fail", "try lr 0.02", "fail", "fail", "fail"] and ran == ["try lr 0.02"]
     assert logged.count("three failed proposals in a row: stopping") == 1
     assert sum("agent failed to propose" in line for line in logged) == 5
+
+
+def test_the_parallel_loop_stops_after_three_failed_proposals_in_a_row():
+    """The parallel driver's proposals fail the same way (an agent's command errors): the worker is freed for
+    the next ask and the experiment is not counted as begun; the third failure in a row stops the loop."""
+    import concurrent.futures
+    from types import SimpleNamespace
+
+    from autoresearch import agents, driver
+
+    d = driver.Driver.__new__(driver.Driver)  # its proposal bookkeeping alone: no Ray, no workers running
+    logged = []
+    d.log, d.failures, d.started, d.free, d.proposing = logged.append, 0, 3, [], {}
+    d.workers = {"w1": None, "w2": None, "w3": None}
+    d.proposers = SimpleNamespace(session=lambda name: None)
+
+    def failed(name):
+        future = concurrent.futures.Future()
+        future.set_exception(agents.AgentError("the agent's command exited 1"))
+        d.proposing[future] = name
+        return future
+
+    d.proposed(failed("w1"))
+    d.proposed(failed("w2"))
+    assert (d.free, d.started, d.failures, d.proposing) == (["w1", "w2"], 1, 2, {})
+    assert sum("agent failed to propose" in line for line in logged) == 2
+    with pytest.raises(driver.Stop, match="three failed proposals in a row"):
+        d.proposed(failed("w3"))
