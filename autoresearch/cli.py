@@ -85,7 +85,7 @@ def _one_run(sub) -> None:
     """setup, run, try, wait, stop, best, sample, clean, status."""
     p = sub.add_parser("setup", help="create the experiment branch and results.tsv")
     p.add_argument("--tag", required=True, help="name of this run, e.g. the date: nov29")
-    p.add_argument("--decision", default="stat", help=DECISION_HELP + "; fixed for the tag")
+    p.add_argument("--decision", help=DECISION_HELP + "; fixed for the tag")
     p.add_argument("--timeout", type=seconds, help="seconds before a run is killed (default 2 x budget + 120); fixed "
                    "for the tag")
     p.add_argument("--sandbox", choices=["auto", "on", "off"], default="auto", help=SANDBOX_HELP)

@@ -103,7 +103,7 @@ def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
     done = control.controlled_seeds(rows, series.config, base.key)
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
     missing = [s for s in mine if s not in done]
-    due = missing[0] if missing else seed(rows, series.config, [], "stat", first=series_first(rows, series.config))
+    due = missing[0] if missing else seed(rows, series.config, [], "control", first=series_first(rows, series.config))
     if due in done:
         return None
     return Next("control", descriptions.control(series.config, series.description), base.commit,

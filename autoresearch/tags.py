@@ -22,7 +22,7 @@ from pathlib import Path
 from autoresearch import (cgroups, confine, decide, fixed, git, heldout, ledger, machine, sandbox, scratch, state,
                           tagconfig)
 from autoresearch.errors import HarnessError
-from autoresearch.tagconfig import Tag
+from autoresearch.tagconfig import DEFAULT_RULE, Tag
 
 TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
 # Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
@@ -43,7 +43,7 @@ def repo_root(start: Path | None = None) -> Path:
     return root
 
 
-def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = "auto", rule: str = "stat",
+def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = "auto", rule: str | None = None,
           timeout: float | None = None) -> dict:
     """A new experiment branch and its tag file. The tag pins what makes its runs comparable and honest: the
     fixed half's fingerprint, the budget and its clock, the hardware and its measured peak FLOP/s, and the rules:
@@ -59,8 +59,10 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     if dirty:
         raise HarnessError("Uncommitted changes: " + ", ".join(dirty[:5]) + ". Commit or stash them first, so the "
                            "baseline is exactly the committed train.py.")
+    rule = DEFAULT_RULE if rule is None else rule
     if rule not in decide.RULES:
-        raise HarnessError(f"--decision {rule!r}: use stat (the default), control or naive.")
+        raise HarnessError(f"--decision {rule!r}: use {DEFAULT_RULE} (the default), "
+                           + " or ".join(r for r in decide.RULES if r != DEFAULT_RULE) + ".")
     try:
         protection = sandbox.protection(sandbox_mode)
     except sandbox.SandboxError as e:
@@ -292,6 +294,6 @@ def ensure(repo: Path, tag: str | None, log=print, threads: int | None = None, s
         while git.branch_exists(repo, f"{state.BRANCH_PREFIX}{tag}-{n}"):
             n += 1
         tag = f"{tag}-{n}"
-    config = setup(repo, tag, threads, sandbox_mode or "auto", rule or "stat")
+    config = setup(repo, tag, threads, sandbox_mode or "auto", rule)
     log(f"new tag {tag}: branch {config.branch}")
     return config

@@ -265,7 +265,10 @@ def test_a_torn_final_row_is_skipped_and_reported(tmp_path):
 def test_a_bad_tag_name_and_a_damaged_tag_file(repo, env):
     out = cli(repo, "setup", "--tag", "no spaces/please", env=env)
     assert out.returncode == 2 and "use letters, digits" in out.stderr
+    out = cli(repo, "setup", "--tag", "ok", "--decision", "majority", env=env)
+    assert out.returncode == 2 and "--decision 'majority': use stat (the default), control or naive" in out.stderr
     assert cli(repo, "setup", "--tag", "ok", env=env).returncode == 0
+    assert json.loads((repo / ".autoresearch" / "tags" / "ok.json").read_text())["decision"] == "stat"
     (repo / ".autoresearch" / "tags" / "ok.json").write_text("{")
     out = cli(repo, "status", env=env)
     assert out.returncode == 2 and "ok.json is damaged" in out.stderr and "Traceback" not in out.stderr
