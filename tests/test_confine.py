@@ -436,7 +436,7 @@ NET_PROBE = textwrap.dedent(r'''
     out = {}
     def direct(port):
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as s:  # a stalled machine's service
                 return s.recv(64).decode()
         except OSError as e:
             return e.strerror or str(e)
@@ -445,7 +445,7 @@ NET_PROBE = textwrap.dedent(r'''
         if not proxy:
             return "no proxy"
         host, _, pport = proxy.rsplit("/", 1)[1].partition(":")
-        with socket.create_connection((host, int(pport)), timeout=5) as s:
+        with socket.create_connection((host, int(pport)), timeout=60) as s:
             s.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
             data = b""
             while chunk := s.recv(4096):  # the head and the service's bytes come in any number of reads, up

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from autoresearch import processes
+from conftest import STALL_ROOM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,7 +29,7 @@ BUSY = ("import ctypes, signal, subprocess, sys\n"
         "subprocess.Popen([sys.executable, '-c', 'import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL, "
         "0, 0, 0)\\nwhile True: pass'])\n"
         "while True: pass\n")
-WAIT = 10.0  # seconds any expected event may take on a stalled machine before the test fails
+WAIT = STALL_ROOM  # seconds any expected event may take on a stalled machine before the test fails
 
 
 @pytest.fixture

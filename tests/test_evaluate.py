@@ -360,15 +360,15 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
     """`python -I` drops PYTHONPATH: the evaluator of a harness whose packages come through it crashed on every
     run. The harness passes its PYTHONPATH on the command line (--path). Shown with the base interpreter, whose
     own site-packages lack torch, and this one's packages on PYTHONPATH: the evaluator gets as far as the run's
-    (missing) files."""
+    (missing) files. The Python without torch is a fresh venv of this one (no system site-packages)."""
     import os
-    import site
     import subprocess
     import sys
-    base = Path(sys.base_prefix) / "bin" / "python3"
-    if not base.exists() or subprocess.run([str(base), "-c", "import torch"], capture_output=True).returncode == 0:
-        pytest.skip("needs a base Python without torch (a venv's base): here the packages are the interpreter's own")
-    packages = os.pathsep.join([*site.getsitepackages(), str(ROOT)])
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    base = tmp_path / "bare" / "bin" / "python"
+    assert subprocess.run([str(base), "-c", "import torch"], capture_output=True).returncode != 0  # it lacks torch
+    # this interpreter's packages, those a venv sees through --system-site-packages too (uv's, in CI)
+    packages = os.pathsep.join([*dict.fromkeys(p for p in sys.path if p.endswith("-packages")), str(ROOT)])
     code = ("import json, sys; from pathlib import Path; from autoresearch.evaluator.harness import run_evaluation; "
             "from autoresearch.evaluator.request import Request; "
             "r = Request(sys.argv[1], 'float32', 'cpu', 1.0); "

@@ -5,6 +5,7 @@ again afterwards, even when the command that paused it was killed."""
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from autoresearch import pause, state
+from conftest import STALL_ROOM
 
 # The agent: a busy process that starts one in a pid namespace nested in its own (`unshare -Upf`: members of the
 # sandbox's namespace alone would miss it) and daemonises a second one (its own session, its parent gone), then
@@ -233,12 +235,14 @@ def timer_agent(tmp_path, request, monkeypatch):
             argv, cgroup = frozen.wrap(argv), frozen.dir
         repo = tmp_path / "repo"
         repo.mkdir()
-        proc = subprocess.Popen(argv)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)  # the child's ARMED line comes through it
+        stack.callback(proc.stdout.close)
         pause.register(repo, proc.pid, cgroup)
-        deadline = time.monotonic() + 10
+        ready, _, _ = select.select([proc.stdout], [], [], STALL_ROOM)
+        assert ready and proc.stdout.readline().strip() == "ARMED", "the agent's timer was never armed"
+        deadline = time.monotonic() + STALL_ROOM
         while len(pause.members(str(proc.pid))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3)  # the timer armed
         yield repo, proc, cgroup
         for pid in pause.members(str(proc.pid)):
             with contextlib.suppress(ProcessLookupError):
