@@ -110,16 +110,16 @@ def test_the_stop_button_a_report_and_a_venv_next_to_a_real_run(repo, env):
     # (this test is about the guard, not the allowance, which test_integrity covers).
     env = dict(env, AUTORESEARCH_OUTSIDE_ALLOWANCE="120")
     loop_proc = subprocess.Popen([sys.executable, "-m", "autoresearch.cli", "loop", "--tag", "night", "--decision",
-                                  "naive", "--max-experiments", "3"], cwd=repo, env=env, stdout=subprocess.PIPE,
+                                  "naive", "--max-experiments", "5"], cwd=repo, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     driver = browser()
     dash, url = start_dashboard(repo, env)
     try:
         runs = repo / ".autoresearch" / "runs"
-        wait_until(lambda: sum("step=" in p.read_text() for p in runs.glob("*/run.log")) == 2, timeout=240,
-                   what="the second run in flight")  # after the first, so that there is something to report
-        driver.get(url)
+        driver.get(url)  # the page and its button ready before the second run: only the click waits for it
         wait_until(lambda: driver.find_element(By.ID, "stop").is_displayed(), what="the stop button")
+        wait_until(lambda: sum("step=" in p.read_text() for p in runs.glob("*/run.log")) >= 2, timeout=240,
+                   what="the second run in flight")  # after the first, so that there is something to report
         driver.find_element(By.ID, "stop").click()
         wait_until(lambda: (repo / ".autoresearch" / "stop").exists(), what="the stop file")
         report = cli(repo, "report", env=env)
@@ -133,7 +133,9 @@ def test_the_stop_button_a_report_and_a_venv_next_to_a_real_run(repo, env):
     assert loop_proc.returncode == 0, out
     assert "stopping: asked to" in out
     rows = ledger.read(repo / "results.tsv")
-    assert [r.status in ("keep", "discard") for r in rows] == [True, True], [r.description for r in rows]
+    # stopped after the experiment in flight when the button was pressed: the second, or on a slow machine the
+    # third (a run of 2 s may end before the click lands), never all five
+    assert len(rows) in (2, 3) and all(r.status in ("keep", "discard") for r in rows), [r.description for r in rows]
     assert not (repo / ".autoresearch" / "stop").exists()  # read once: the next loop is not stopped by it
 
 
