@@ -846,6 +846,7 @@ def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
     problems = [] if out.returncode == 0 else [f"setup failed: {out.stderr.strip()[-300:]}"]
     base = git(ctx.repo, "rev-parse", "HEAD")
     manifest = json.loads((own_cache / "manifest.json").read_text())
+    expected = a.status if isinstance(a.status, tuple) else (a.status,)
     if not problems:
         if a.before:
             a.before(ctx)
@@ -856,7 +857,6 @@ def execute(a: Attack, workdir: Path, cache: Path, base_env: dict) -> dict:
         statuses = [r.status for r in rows]
         if len(rows) != (a.rows or a.runs):
             problems.append(f"{len(rows)} rows for {a.runs} runs")
-        expected = a.status if isinstance(a.status, tuple) else (a.status,)
         if not rows or rows[-1].status not in expected:
             problems.append(f"recorded as {statuses}, expected {a.status}: "
                             f"{rows[-1].description[:300] if rows else out.stdout[-300:] + out.stderr[-300:]}")
