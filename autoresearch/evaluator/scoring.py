@@ -69,8 +69,10 @@ def evaluate(prepare, request: Request) -> dict:
                                                 request.audit_probes if out["audited"] else None)
             out["causal_seconds"] = time.time() - t1
             if may_keep:
+                t1 = time.time()
                 test = prepare.evaluation_rows("test", **drawn)
                 out["test_bpb"] = finite(prepare.rows_bpb(forward, test, token_bytes, batch_size, device), "test_bpb")
+                out["test_seconds"] = time.time() - t1
         except (Refused, Broken, prepare.PrepareError):
             raise
         except MemoryError:
