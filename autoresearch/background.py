@@ -141,7 +141,7 @@ def run(repo: Path, seed: int, timeout: float | None, log=print) -> bool:
         log(f"{tail}\nthe training failed: {why}")
         return False
     from autoresearch.evaluator import harness
-    from autoresearch.evaluator.request import Request
+    from autoresearch.evaluator.scoring import Request
     from autoresearch.execute import EVAL_TIMEOUT
     sources = {name: git.git(repo, "show", f"HEAD:{name}", strip=False).encode() for name in state.FIXED}
     request = Request(str(run_dir / sandbox.OUT_DIR), result["dtype"], result["device"], result["check_bpb"])

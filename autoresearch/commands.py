@@ -130,7 +130,7 @@ def ideas(repo: Path, apply: list[str] | None) -> str:
 # (`autoresearch sample`).
 # 
 # The exported model is the one the harness scored: model.graph.json and model.safetensors in the kept run's out/.
-# It is loaded the way the evaluator loads it (evaluator/load.py: the graph is checked and rebuilt before torch
+# It is loaded the way the evaluator loads it (evaluator/graph.py: the graph is checked and rebuilt before torch
 # reads it, and nothing the run wrote is executed), so sampling a model is as safe as scoring it.
 
 def model_dir(repo: Path, row: ledger.Row) -> Path | None:
@@ -181,7 +181,7 @@ def best(repo: Path) -> str:
         lines += [f"  exported model: {out / prepare.GRAPH_FILE} + {prepare.TENSORS_FILE}",
                   "  sample from it: autoresearch sample --prompt 'Once upon a time'",
                   "  load it in Python (checked the way the harness scores it):",
-                  "    import prepare; from autoresearch.evaluator.load import load_program",
+                  "    import prepare; from autoresearch.evaluator.graph import load_program",
                   f"    model, (batch, seq_len) = load_program(prepare, Path({str(out)!r}), 'cpu')",
                   "    logits = model(tokens)  # tokens: int64 (batch, seq_len)"]
     else:
@@ -209,7 +209,7 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
     import prepare
     import torch
 
-    from autoresearch.evaluator import load, safe_read, verdicts
+    from autoresearch.evaluator import graph, safe_read
     if tokens < 1 or not temperature >= 0:
         raise errors.HarnessError("--tokens must be at least 1 and --temperature at least 0 (0: the likeliest token).")
     config = tags.load_tag(repo)
@@ -233,8 +233,8 @@ def sample(repo: Path, prompt: str = "", tokens: int = 200, temperature: float =
         raise errors.HarnessError(f"run {run_id} has no readable {prepare.RESULT_FILE} ({e}).") from None
     device = result["device"] if result["device"] == "cpu" or torch.cuda.is_available() else "cpu"
     try:
-        module, shape = load.load_program(prepare, out, device)
-    except (verdicts.Refused, verdicts.Broken) as e:
+        module, shape = graph.load_program(prepare, out, device)
+    except (safe_read.Refused, safe_read.Broken) as e:
         raise errors.HarnessError(f"run {run_id}'s model cannot be loaded: {e}") from None
     batch, seq_len = shape
     tok = prepare.Tokenizer.from_directory()

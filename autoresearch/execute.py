@@ -22,7 +22,6 @@ from autoresearch import (cgroups, compiled, descriptions, fixed, git, guard, he
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.probes import CAUSAL_PROBES
-from autoresearch.evaluator.request import Request
 from autoresearch.tagconfig import Tag
 
 EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
@@ -308,7 +307,7 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
         state.fault_point(f"evaluating-run-{pending.trial.run_no}")  # the n-th run of a series
 
     threshold = pending.trial.test_threshold
-    request = Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
+    request = scoring.Request(str(attempt.run_dir / sandbox.OUT_DIR), result["dtype"], result["device"],
                       result["check_bpb"], threshold if threshold is not None else float("inf"),
                       draw=heldout.draw(ctx.config),
                       # audited when its series is kept (audit), or never: no deeper probing now
@@ -364,7 +363,7 @@ def audit(ctx: Context, run_dir: Path, scores: tuple[float, float | None], on_st
         out = run_dir / sandbox.OUT_DIR
         if not all((out / name).is_file() and not (out / name).is_symlink() for name in fixed.contract_files()[1:]):
             return f"run {run_dir.name} may be kept, and its exported model is gone: it cannot be audited"
-        request = Request(str(out), str(scored["dtype"]), str(scored["device"]), float(scored["check_bpb"]),
+        request = scoring.Request(str(out), str(scored["dtype"]), str(scored["device"]), float(scored["check_bpb"]),
                           float("inf"), draw=heldout.draw(ctx.config))
         evaluation = harness.run_evaluation(ctx.fixed_half.sources, ctx.fixed_half.cache, request, EVAL_TIMEOUT,
                                             ctx.protection, on_start)

@@ -29,7 +29,7 @@ def per_token_nats(out_dir: Path):
     import torch.nn.functional as F
 
     import prepare
-    from autoresearch.evaluator.load import load_program
+    from autoresearch.evaluator.graph import load_program
 
     module, shape = load_program(prepare, out_dir, "cpu")
     batch_size = shape[0]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from autoresearch import untrusted  # noqa: E402 - the reviewed train.py, never the work tree's (docs/integrity.md)
 from autoresearch.evaluator import harness as new  # noqa: E402
-from autoresearch.evaluator.request import Request  # noqa: E402
+from autoresearch.evaluator.scoring import Request  # noqa: E402
 from autoresearch.state import FIXED  # noqa: E402
 
 

@@ -79,7 +79,7 @@ def lookup_gain(model_dir: Path, draws: int) -> dict:
     import prepare
     import torch
 
-    from autoresearch.evaluator.load import load_program
+    from autoresearch.evaluator.graph import load_program
     module, shape = load_program(prepare, model_dir, "cpu")
     tokens = prepare.evaluation_rows("val").reshape(-1)
     source, n = memoriser_source(untrusted.source(ROOT))

@@ -14,9 +14,9 @@ import torch
 
 from autoresearch.evaluator.graph import sanitize_graph
 from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES, CPU_CAUSAL_TOLERANCE, CausalProbes, token_nats
-from autoresearch.evaluator.request import Request, parse
+from autoresearch.evaluator.scoring import Request, parse
 from autoresearch.state import FIXED
-from autoresearch.evaluator.verdicts import Broken, Refused
+from autoresearch.evaluator.safe_read import Broken, Refused
 from conftest import ROOT, reviewed_train_source
 
 
@@ -77,7 +77,7 @@ def test_an_export_made_by_a_torch_without_the_switches_loads_and_computes_the_s
     monkeypatch.setattr(serde, "serialize", old_serialize)
     _, model, program = exported
     prepare.save_exported(program, tmp_path)
-    from autoresearch.evaluator.load import load_program
+    from autoresearch.evaluator.graph import load_program
     module, shape = load_program(prepare, tmp_path, "cpu")
     x = torch.randint(0, 64, (2, 16))
     assert shape == (2, 16) and torch.equal(module(x), model(x))
@@ -336,7 +336,7 @@ def test_the_script_is_a_copy_of_the_package_that_imports_nothing_else(tmp_path)
     package = Path(harness.__file__).parent
     assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in package.glob("*.py")
                                                             if p.name != "harness.py")
-    assert {"__main__.py", "script.py", "safe_read.py"} <= {p.name for p in copy.iterdir()}
+    assert {"__main__.py", "scoring.py", "safe_read.py"} <= {p.name for p in copy.iterdir()}
     for path in copy.iterdir():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -370,7 +370,7 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
     # this interpreter's packages, those a venv sees through --system-site-packages too (uv's, in CI)
     packages = os.pathsep.join([*dict.fromkeys(p for p in sys.path if p.endswith("-packages")), str(ROOT)])
     code = ("import json, sys; from pathlib import Path; from autoresearch.evaluator.harness import run_evaluation; "
-            "from autoresearch.evaluator.request import Request; "
+            "from autoresearch.evaluator.scoring import Request; "
             "r = Request(sys.argv[1], 'float32', 'cpu', 1.0); "
             "print(json.dumps(run_evaluation({n: (Path(sys.argv[2]) / n).read_bytes() "
             "for n in ('prepare.py', 'runtime.py')}, "

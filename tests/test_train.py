@@ -74,7 +74,7 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     assert weights["wte.weight"].shape == (tok.get_vocab_size(), 128)
     assert "step=     1 | loss=" in proc.stdout
     from autoresearch.evaluator.harness import run_evaluation
-    from autoresearch.evaluator.request import Request
+    from autoresearch.evaluator.scoring import Request
     from autoresearch.evaluator.scoring import CHECK_TOLERANCE
     request = Request(str(run_dir), result["dtype"], "cpu", result["check_bpb"])
     evaluation = run_evaluation({n: (ROOT / n).read_bytes() for n in FIXED}, small_cache, request, timeout=300)

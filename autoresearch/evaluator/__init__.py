@@ -10,14 +10,13 @@ may be kept, whose test rows it also scores. It prints one JSON object.
 
 One module a job, the script side first; they import one another relatively and nothing else of autoresearch,
 so that the copy runs the same from any directory:
-- safe_read: reading a file a run wrote (regular files of bounded size only; the harness reads with it too)
-- verdicts: Refused and Broken, the two ways an evaluation ends without a score
-- graph: the exported graph's schema, checked and rebuilt before torch's deserializer sees it
-- load: the exported program, from the checked graph and the safetensors
+- safe_read: reading a file a run wrote (regular files of bounded size only; the harness reads with it too), and
+  Refused and Broken, the two ways an evaluation ends without a score
+- graph: the exported graph's schema, checked and rebuilt before torch's deserializer sees it; the exported
+  program loaded from it and the safetensors (load_program)
 - probes: the causality check (CausalProbes) and its tolerances
-- scoring: check_bpb, val_bpb, test_bpb and the probes on one model (evaluate)
-- request: what the harness asks (Request), on the script's command line or its stdin
-- script, __main__: the script's entry (main), run by path in the private copy
+- scoring: what the harness asks (Request), check_bpb, val_bpb, test_bpb and the probes on one model (evaluate),
+  and the script's body (main); __main__ runs it by path in the private copy
 and the harness's side, never copied: harness (Evaluator, run_evaluation), which starts the script. Nothing the
 training could reach feeds it (Evaluator says how, in each mode; docs/integrity.md, the threat model).
 """

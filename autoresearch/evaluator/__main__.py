@@ -16,11 +16,11 @@ if __name__ == "__main__":
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # die with the harness or worker that started it
         libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no other non-root process of this uid may ptrace it
     if __package__:  # python -m autoresearch.evaluator
-        script = importlib.import_module(__package__ + ".script")
+        script = importlib.import_module(__package__ + ".scoring")
     else:  # by its path: the package is the directory this file is in
         here = os.path.dirname(os.path.abspath(__file__))
         sys.path.insert(0, os.path.dirname(here))
-        script = importlib.import_module(os.path.basename(here) + ".script")
+        script = importlib.import_module(os.path.basename(here) + ".scoring")
     code = script.main(sys.argv[1:])
     sys.stdout.flush()  # the harness waits for this process to end: skip torch's teardown (~0.9 s on 2 cores)
     sys.stderr.flush()

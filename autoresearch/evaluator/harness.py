@@ -15,7 +15,7 @@ from pathlib import Path
 
 from autoresearch import processes, sandbox
 
-from .request import Request
+from .scoring import Request
 
 
 PREFIX = "autoresearch-eval-"  # an evaluator's private directory, in the temporary directory

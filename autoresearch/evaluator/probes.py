@@ -3,7 +3,7 @@ on the validation rows, deeper for a run that may be kept."""
 
 from __future__ import annotations
 
-from .verdicts import Refused
+from .safe_read import Refused
 
 # Largest change allowed in an earlier position's scored cross-entropy (nats) when later tokens change: an
 # absolute bound set by the dtype alone, never by anything the model outputs. An honest model's drift is exactly 0

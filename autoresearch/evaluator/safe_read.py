@@ -1,4 +1,4 @@
-"""Reading what a run wrote.
+"""Reading what a run wrote, and the two ways an evaluation ends without a score (Refused, Broken).
 
 Everything in a run's output directory was written by untrusted code. The harness opens such a file only as a
 regular file, never through a link (O_NOFOLLOW), never a FIFO or a device (O_NONBLOCK, then fstat), and reads
@@ -16,6 +16,14 @@ from pathlib import Path
 GRAPH_LIMIT = 64 << 20     # bytes of model.graph.json: the default model's is ~0.2 MB
 TENSORS_LIMIT = 16 << 30   # bytes of model.safetensors
 RESULT_LIMIT = 1 << 20     # bytes of result.json
+
+
+class Refused(Exception):
+    """The model breaks a rule (reads the future, mutates state, runs non-ATen code)."""
+
+
+class Broken(Exception):
+    """The run left no usable model (the export is missing, unreadable or does not run)."""
 
 
 class Unsafe(Exception):

@@ -1,18 +1,25 @@
-"""Scoring one exported model (evaluate): it must reproduce train.py's check_bpb, then its val_bpb is scored
-with the causality probes recording, checked, and for a run that may be kept the test split is scored too."""
+"""The evaluator script: what the harness asks (Request, on the script's command line or, from a script started
+early, as one JSON line on its stdin), the scoring of one exported model (evaluate: it must reproduce train.py's
+check_bpb, then its val_bpb is scored with the causality probes recording, checked, and for a run that may be kept
+the test split is scored too), and the script's body (main): one JSON object on stdout, the scores, or refused /
+error with a reason. __main__.py starts it."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import json
 import math
 import os
 import secrets
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from .load import load_program
-from .probes import CAUSAL_TOLERANCE, CPU_CAUSAL_TOLERANCE, CausalProbes
-from .request import Request
-from .verdicts import Broken, Refused
+from .graph import load_program
+from .probes import AUDIT_PROBES, CAUSAL_PROBES, CAUSAL_TOLERANCE, CPU_CAUSAL_TOLERANCE, CausalProbes
+from .safe_read import Broken, Refused
 
 # How far the harness's score of the exported model may be from train.py's score of the live model on the
 # same rows. float32 on the CPU agrees to ~1e-7 (BENCHMARKS.md); reduced precision on a GPU uses other kernels
@@ -99,3 +106,90 @@ def memory_limit() -> int:
     """Bytes of address space the evaluator may use on a CPU: 3/4 of the machine's memory, so that an exported
     model that asks for more is a named crash of one run, not the out-of-memory killer ending the night."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 3 // 4
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the harness hands the evaluator, on its command line: the run's model and how it was trained."""
+    run_dir: str
+    dtype: str
+    device: str
+    check_bpb: float
+    test_below: float = float("inf")  # also score the test split (and audit deeper) when val_bpb is below this
+    probes: int = CAUSAL_PROBES
+    audit_probes: int = AUDIT_PROBES
+    draw: int | None = None  # the tag's secret draw of scored rows (heldout.py; prepare.evaluation_rows)
+
+    def argv(self) -> list[str]:
+        return ["--run-dir", self.run_dir, "--dtype", self.dtype, "--device", self.device, "--check-bpb",
+                repr(float(self.check_bpb)), "--test-below", repr(min(float(self.test_below), 1e308)),
+                "--causal-probes", str(self.probes), "--audit-probes", str(self.audit_probes)] + \
+            ([] if self.draw is None else ["--draw", str(self.draw)])
+
+
+def parse(argv: list[str]):
+    """The script's arguments: (the parsed namespace, the Request; None with --wait, which reads it later)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prepare-dir", required=True, help="a directory holding the clean prepare.py alone")
+    parser.add_argument("--path", action="append", default=[],
+                        help="a directory of packages to import from (the harness's PYTHONPATH; -I drops it)")
+    parser.add_argument("--wait", action="store_true", help="import everything, then read the Request as one JSON "
+                        "line from stdin (only in a sandbox whose training cannot reach this process)")
+    parser.add_argument("--run-dir")
+    parser.add_argument("--dtype")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--check-bpb", type=float)
+    parser.add_argument("--test-below", type=float, default=float("inf"),
+                        help="also score the test split, and audit deeper, when val_bpb is below this")
+    parser.add_argument("--causal-probes", type=int, default=CAUSAL_PROBES,
+                        help="probes of the causality check on the validation rows (CausalProbes)")
+    parser.add_argument("--audit-probes", type=int, default=AUDIT_PROBES,
+                        help="probes when val_bpb is below --test-below (a run that may be kept)")
+    parser.add_argument("--draw", type=int, help="the tag's secret draw of scored rows (prepare.evaluation_rows)")
+    args = parser.parse_args(argv)
+    if args.wait:
+        return args, None
+    if args.run_dir is None or args.dtype is None or args.check_bpb is None:
+        parser.error("--run-dir, --dtype and --check-bpb are required (or --wait)")
+    return args, Request(args.run_dir, args.dtype, args.device, args.check_bpb, args.test_below, args.causal_probes,
+                         args.audit_probes, args.draw)
+
+
+# Everything evaluate() and load_program() import, imported under --wait so that they find it loaded
+EARLY_IMPORTS = ("numpy", "safetensors.torch", "torch", "torch._export.serde.serialize")
+
+
+def main(argv: list[str]) -> int:
+    args, request = parse(argv)
+    sys.path[:0] = [args.prepare_dir]
+    sys.path += args.path
+    if args.wait:  # importing beside a training that starts: yield the cores to it. This process has its own
+        os.nice(19)  # session, hence its own autogroup where Linux has them, and nice only counts within one:
+        try:         # the autogroup's nice too (without it a training beside this import lost half its matmul rate)
+            with open("/proc/self/autogroup", "w") as f:
+                f.write("19")
+        except OSError:  # no autogroups (or not Linux): the plain nice is what counts
+            pass
+        for name in EARLY_IMPORTS:
+            importlib.import_module(name)
+        line = sys.stdin.readline()
+        if not line:  # the harness needs no evaluation (the run crashed) or is gone
+            return 0
+        request = Request(**json.loads(line))
+    if request.device == "cpu":  # CUDA reserves far more address space than it uses: bounded on a CPU only
+        import resource
+        limit = memory_limit()
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    import prepare
+    try:
+        if request.dtype not in CHECK_TOLERANCE:
+            raise Broken(f"result.json names dtype {request.dtype!r}; it must be one of {sorted(CHECK_TOLERANCE)}")
+        if request.device not in ("cpu", "cuda", "mps"):
+            raise Broken(f"result.json names device {request.device!r}; it must be cpu, cuda or mps")
+        out = evaluate(prepare, request)
+    except Refused as e:
+        out = {"refused": str(e)}
+    except (Broken, prepare.PrepareError) as e:
+        out = {"error": str(e)}
+    print(json.dumps(out))
+    return 0
