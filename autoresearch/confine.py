@@ -63,7 +63,7 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
     the caller's for the session's copies of PRIVATE_STATE and its TOKEN_SCRATCH (scratch_home), which the
     caller reads for its tokens (tokens.py) and removes. `network`: the directory of the harness's proxy socket
     (netproxy.Proxy): the agent then has a network namespace of its own, reaching only what the proxy allows,
-    through netrelay.py (None: the host's network, asked for by the user). The data cache is this process's
+    through netproxy.py's relay (None: the host's network, asked for by the user). The data cache is this process's
     (runtime.cache_dir()), prepared (runtime.require_manifest() says how, if not)."""
     import runtime  # not prepare: prepare's entry point imports the harness (autoresearch.data)
     cache, manifest, home = runtime.cache_dir().resolve(), runtime.require_manifest(), Path.home()
@@ -93,7 +93,7 @@ def wrap_agent(argv: list[str], workdir: Path, writable: list[Path] = (), broker
             args += ["--setenv", name, proxy]
         for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
             args += ["--unsetenv", name]
-        argv = [sys.executable, "-I", str(Path(netproxy.__file__).with_name("netrelay.py")),
+        argv = [sys.executable, "-I", str(Path(netproxy.__file__)),
                 f"{netproxy.NET_DIR}/{netproxy.SOCKET_NAME}", str(netproxy.RELAY_PORT), "--", *argv]
     return args + ["--remount-ro", "/", "--chdir", str(workdir), "--", *argv]
 

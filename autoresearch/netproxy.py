@@ -7,7 +7,8 @@ database, a dev server: some run code on request) and abstract Unix sockets, all
 How, and why this way (Anthropic's sandbox-runtime does the same; pasta or slirp4netns would give the namespace
 the whole internet instead, and would need a filtering proxy behind them anyway):
 - the agent's sandbox unshares the network (bubblewrap: only a loopback interface inside, no route out);
-- inside, a relay (netrelay.py, started before the agent, a stdlib script) listens on 127.0.0.1:RELAY_PORT of
+- inside, a relay (relay(): this file run as a script, `python -I netproxy.py SOCKET PORT -- COMMAND...`,
+  before anything of the agent's; the standard library only) listens on 127.0.0.1:RELAY_PORT of
   that namespace and hands every connection to a Unix socket bound in from the harness; the agent finds it
   through HTTPS_PROXY (Claude Code, Codex, aider and git honour it);
 - outside, this proxy answers HTTP CONNECT for the hosts on the agent's allowlist only (its model's API: HOSTS,
@@ -22,10 +23,10 @@ from __future__ import annotations
 import os
 import socket
 import socketserver
+import subprocess
+import sys
 import threading
 from pathlib import Path
-
-from autoresearch import netrelay
 
 ENV = "AUTORESEARCH_AGENT_HOSTS"
 RELAY_PORT = 3128        # inside the agent's network namespace: the relay's port (nothing else listens there)
@@ -110,10 +111,10 @@ class _Handler(socketserver.StreamRequestHandler):
 
 
 def splice(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until either side closes (netrelay.pump, the relay's own, each way)."""
-    other = threading.Thread(target=netrelay.pump, args=(b, a), daemon=True)
+    """Copy bytes both ways until either side closes (pump, the relay's own, each way)."""
+    other = threading.Thread(target=pump, args=(b, a), daemon=True)
     other.start()
-    netrelay.pump(a, b)
+    pump(a, b)
     other.join(timeout=5)
 
 
@@ -141,3 +142,62 @@ class Proxy:
     def describe(self) -> str:
         return (f"its own network: only {', '.join(self.allowed) or 'nothing'} reachable, through the harness's "
                 f"proxy (more: {ENV}=host,host)")
+
+
+# --- inside the agent's sandbox: the relay ---------------------------------------------------------------------
+
+def pump(src, dst):
+    try:
+        while True:
+            chunk = src.recv(1 << 16)
+            if not chunk:
+                break
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (dst, src):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def serve(listener, path):
+    while True:
+        conn, _ = listener.accept()
+        try:
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(path)
+        except OSError:
+            conn.close()
+            continue
+        threading.Thread(target=pump, args=(conn, upstream), daemon=True).start()
+        threading.Thread(target=pump, args=(upstream, conn), daemon=True).start()
+
+
+def relay():
+    path, port, sep, command = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+    if sep != "--" or not command:
+        sys.exit("usage: netproxy.py SOCKET PORT -- COMMAND...")
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(64)
+    threading.Thread(target=serve, args=(listener, path), daemon=True).start()
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as e:
+        sys.exit(f"{command[0]}: {e.strerror}")
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    sys.stdout.flush()
+    os._exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    relay()

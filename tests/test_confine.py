@@ -15,7 +15,7 @@ from conftest import ROOT, cli, sh
 PROBE = textwrap.dedent(r'''
     import json, os, subprocess, sys
     from pathlib import Path
-    def lineage():  # this process and its ancestors: bubblewrap's init, the network relay (netrelay.py)
+    def lineage():  # this process and its ancestors: bubblewrap's init, the network relay (netproxy.py run as a script)
         pid, seen = os.getpid(), set()
         while pid > 0 and pid not in seen:
             seen.add(pid)
