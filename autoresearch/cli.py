@@ -204,7 +204,7 @@ def main(argv=None) -> int:
 
 def _checked(args) -> int:
     from autoresearch import errors, facts, git, ledger, machine, state
-    from autoresearch.dashboard import DashboardError
+    from autoresearch.facts import DashboardError
     import prepare
     try:
         check_environment()
@@ -240,8 +240,8 @@ def _command(args) -> int:
         return OK
     repo = tags.repo_root()
     if args.command == "dashboard":
-        from autoresearch import dashboard
-        server = dashboard.serve(repo, args.host, args.port)
+        from autoresearch import facts
+        server = facts.serve(repo, args.host, args.port)
         try:
             server.serve_forever()
         except KeyboardInterrupt:

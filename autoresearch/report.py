@@ -250,11 +250,11 @@ def main(args) -> str:
     if not rows:
         raise errors.HarnessError(f"{path} has no experiments" + (f" for tag {tag}" if tag else "") + " yet.")
     if args.json or args.html:
-        from autoresearch import dashboard, facts
+        from autoresearch import facts
         data = facts.facts(path, repo, tag, price)
         if args.json:
             return json.dumps(data, indent=1)
-        Path(args.html).write_text(dashboard.page(facts.attach_details(data, repo)), encoding="utf-8")
+        Path(args.html).write_text(facts.page(facts.attach_details(data, repo)), encoding="utf-8")
         return f"report: {args.html} ({sum(len(t['rows']) for t in data['tags'])} runs; open it in any browser)"
     every, rows = rows, [r for r in rows if r.status != "verify"]  # a verification's runs: its table alone
     groups = configurations(rows, repo)

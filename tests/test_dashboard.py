@@ -204,7 +204,7 @@ def test_a_port_in_use_is_a_clear_error(repo, env, tag):
 def test_a_static_report_s_page_holds_no_markup_of_a_row_s_text():
     """The red team's: `report --html` escaped only `</`; a description holding `<!--<script ` put the page's parser
     in a state where its own `</script>` no longer ended the script. Every `<` of the facts is escaped."""
-    from autoresearch import dashboard
-    html = dashboard.page({"tags": [{"rows": [{"description": "x <!--<script </script>"}]}]})
+    from autoresearch import facts
+    html = facts.page({"tags": [{"rows": [{"description": "x <!--<script </script>"}]}]})
     facts = html.split("<!--<script", 1)
     assert len(facts) == 1 and "\\u003c!--\\u003cscript \\u003c/script>" in html
