@@ -264,9 +264,9 @@ def proposer_for(spec: str, repo: Path, tag: str, timeout: float, workdir: Path 
         return ExternalAgent(repo, tag, spec, timeout, workdir)
     import prepare
 
-    from autoresearch.tpe import TPEProposer  # optuna: imported only when asked for
+    from autoresearch import researcher
     manifest = prepare.require_manifest()
-    kind = {"builtin": proposer.Researcher, "random": proposer.RandomSearch, "tpe": TPEProposer}[spec]
+    kind = {"builtin": researcher.Researcher, "random": researcher.RandomSearch, "tpe": proposer.TPEProposer}[spec]
     return kind(repo, tag, manifest["profile"], manifest["max_seq_len"])
 
 

@@ -7,7 +7,7 @@ written, which ideas move them. Ideas on different sites compose; ideas on one s
 settings.
 
 `recommended` is the variant the public record favours, or None where it depends on the model and machine. The
-proposer (proposer.py) tries moves towards it first; moves away from it are allowed but expected to lose.
+proposer (researcher.py) tries moves towards it first; moves away from it are allowed but expected to lose.
 
 The row's description names the idea and its parameters, `idea NAME: key=value, ...` (descriptions.py), so that
 people, agents and the proposer can read from results.tsv what was tried.

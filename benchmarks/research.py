@@ -1,9 +1,9 @@
 """Does the built-in researcher find real gains? Three proposers side by side, same budgets, same seeds, in the
 same minutes of the machine (BENCHMARKS.md: The built-in researcher):
 
-- builtin: the researcher (ideas.py's catalog and the constants, proposer.Researcher);
-- random: moves drawn uniformly from the same space (proposer.RandomSearch);
-- tpe: the constants-only TPE proposer that came before (tpe.py).
+- builtin: the researcher (ideas.py's catalog and the constants, researcher.Researcher);
+- random: moves drawn uniformly from the same space (researcher.RandomSearch);
+- tpe: the constants-only TPE proposer that came before (proposer.TPEProposer).
 
 An arm may name a git revision of the harness, `ARM@REV` (e.g. `builtin@0dccac2`: the researcher as it was
 there), to measure a change of a proposer before and after in one sitting: that lane runs REV's harness (its

@@ -37,7 +37,7 @@ def test_set_constants_rewrites_only_the_active_profile_literal():
 
 
 def test_the_tpe_proposer_edits_only_assignments_and_never_repeats(repo, env, tmp_path, monkeypatch):
-    from autoresearch.tpe import TPEProposer
+    from autoresearch.proposer import TPEProposer
 
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])
     monkeypatch.setenv("AUTORESEARCH_TIME_BUDGET", env["AUTORESEARCH_TIME_BUDGET"])

@@ -1,4 +1,4 @@
-"""The built-in researcher (autoresearch/proposer.py), without training: what it proposes after what the ledger
+"""The built-in researcher (autoresearch/researcher.py), without training: what it proposes after what the ledger
 holds. Rows are written as the harness writes them (a commit per candidate, its train.py blob as its config)."""
 
 import collections
@@ -6,6 +6,7 @@ import collections
 import pytest
 
 from autoresearch import descriptions, facts, git, ideas, ledger, proposer, record, tags
+from autoresearch import researcher as builtin
 from autoresearch.sites import read_constants, set_constants
 from autoresearch.record import Trial
 from autoresearch.worker import keep_on_branch
@@ -42,7 +43,7 @@ def run_as(repo, config, source, description, status, val_bpb, n=1, back_to=None
 
 
 def researcher(repo, seed=0):
-    return proposer.Researcher(repo, "p", "cpu", SEQ, seed)
+    return builtin.Researcher(repo, "p", "cpu", SEQ, seed)
 
 
 @pytest.mark.slow
@@ -112,7 +113,7 @@ def test_arms_that_pay_are_drawn_more_often_than_arms_that_failed(repo, tag):
     source = (repo / "train.py").read_text()
     run_as(repo, tag, source, "baseline", "keep", 2.0, n=3)
     champion = sh(repo, "git", "rev-parse", "HEAD")
-    moves = proposer.moves(source, "cpu", SEQ)
+    moves = builtin.moves(source, "cpu", SEQ)
     by_arm = collections.defaultdict(list)
     for m in moves:
         by_arm[m.arm].append(m)
@@ -131,7 +132,7 @@ def test_arms_that_pay_are_drawn_more_often_than_arms_that_failed(repo, tag):
                                 for seed in range(40))
     assert picks[lucky] >= 10, picks  # chance alone: ~1 in 40
     with pytest.raises(RuntimeError, match="no untried move"):
-        proposer.Researcher(repo, "p", "cpu", SEQ).allowed(source, in_flight=[m.description for m in moves])
+        builtin.Researcher(repo, "p", "cpu", SEQ).allowed(source, in_flight=[m.description for m in moves])
 
 
 def test_descriptions_read_back_whatever_the_harness_appended():
@@ -202,8 +203,8 @@ def test_a_constant_steps_back_into_its_range_and_half_steps_lie_between():
 
 def only(arm: str, source: str) -> list[str]:
     """Descriptions that keep every other arm busy (as if parallel workers ran them): only `arm` may move."""
-    return [next(m for m in proposer.moves(source, "cpu", SEQ) if m.arm == other).description
-            for other in {m.arm for m in proposer.moves(source, "cpu", SEQ)} - {arm}]
+    return [next(m for m in builtin.moves(source, "cpu", SEQ) if m.arm == other).description
+            for other in {m.arm for m in builtin.moves(source, "cpu", SEQ)} - {arm}]
 
 
 @pytest.mark.slow
@@ -254,7 +255,7 @@ def test_a_repair_that_failed_is_tried_again_once_after_the_champion_changed(rep
         current = (repo / "train.py").read_text()  # a keep: the champion changes
         run_as(repo, tag, set_constants(current, {"MATRIX_LR": lr}, "cpu"), f"MATRIX_LR 0.04 -> {lr}", "keep",
                1.9 - lr, n=2)
-    assert proposals.count(repair) == proposer.RECORD_TRIES, proposals  # first, then once after a keep
+    assert proposals.count(repair) == builtin.RECORD_TRIES, proposals  # first, then once after a keep
 
 
 @pytest.mark.slow
@@ -273,7 +274,7 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
     def first_moves() -> collections.Counter:
         picks = collections.Counter()
         for seed in range(30):
-            move = next(m for m in proposer.moves(source, "cpu", SEQ)
+            move = next(m for m in builtin.moves(source, "cpu", SEQ)
                         if m.description == researcher(repo, seed).propose_source(source)[1])
             size = move.arm in ("tune DEPTH", "tune MODEL_DIM")
             picks[move.direction if size else "other"] += 1
@@ -285,17 +286,17 @@ def test_the_model_s_size_follows_what_the_budget_lets_it_see(repo, tag):
     # so far below, the step nearest compute-optimal without passing it is a halving (size_step)
     assert small["halved"] == small["down"], small
     # far above (a long budget, a small model): larger first; near 20: as any other move
-    size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm in ("tune DEPTH", "tune MODEL_DIM")]
+    size = [m for m in builtin.moves(source, "cpu", SEQ) if m.arm in ("tune DEPTH", "tune MODEL_DIM")]
     values = read_constants(source, "cpu")
     # nearer, the step that does not pass compute-optimal: 2 tokens a parameter wants ~0.3x the parameters,
     # which DEPTH 4 -> 2 (0.5x) does not pass and MODEL_DIM 128 -> 64 (0.25x) would
     down = {m.arm: [x for x in size if x.arm == m.arm and x.direction == "down"] for m in size}
-    assert proposer.size_step(down["tune DEPTH"], values, 2.0).params["DEPTH"] == 2
-    assert proposer.size_step(down["tune MODEL_DIM"], values, 2.0).params["MODEL_DIM"] == 96
+    assert builtin.size_step(down["tune DEPTH"], values, 2.0).params["DEPTH"] == 2
+    assert builtin.size_step(down["tune MODEL_DIM"], values, 2.0).params["MODEL_DIM"] == 96
     assert {m.direction for m in size} == {"up", "down"}
     for m in size:
-        assert proposer.size_prior(m, 400.0) == (proposer.PRIOR_TOWARDS if m.direction == "up" else proposer.PRIOR_AWAY)
-        assert proposer.size_prior(m, 20.0) == proposer.PRIOR_NEUTRAL == proposer.size_prior(m, None)
+        assert builtin.size_prior(m, 400.0) == (builtin.PRIOR_TOWARDS if m.direction == "up" else builtin.PRIOR_AWAY)
+        assert builtin.size_prior(m, 20.0) == builtin.PRIOR_NEUTRAL == builtin.size_prior(m, None)
 
 
 def test_near_the_size_its_budget_suits_a_size_move_never_halves(repo, tag):
@@ -304,7 +305,7 @@ def test_near_the_size_its_budget_suits_a_size_move_never_halves(repo, tag):
     source = (repo / "train.py").read_text()
     steps = 20 * 12 * 4 * 128 ** 2 // 2048  # 20 tokens a parameter at TOTAL_BATCH_SIZE 2048
     run_as(repo, tag, source, "baseline", "keep", 2.0, n=3, steps=steps)
-    coarse = {m.description for m in proposer.moves(source, "cpu", SEQ) if m.coarse}
+    coarse = {m.description for m in builtin.moves(source, "cpu", SEQ) if m.coarse}
     assert coarse == {"DEPTH 4 -> 2", "DEPTH 4 -> 8", "MODEL_DIM 128 -> 64", "MODEL_DIM 128 -> 256"}
     proposed = {researcher(repo, seed).propose_source(source)[1] for seed in range(40)}
     assert len(proposed) > 5 and not proposed & coarse, proposed
@@ -367,9 +368,9 @@ def test_a_kept_halving_far_below_the_size_its_budget_suits_is_followed_by_anoth
     run_as(repo, tag, half, "DEPTH 8 -> 4", "keep", 1.9, n=2, steps=5)
     assert researcher(repo).propose_source(half)[1] == "DEPTH 4 -> 2"
     # random search, the reference, draws from the same moves: the halvings toward the size the budget suits
-    space = {m.description for m in proposer.RandomSearch(repo, "p", "cpu", SEQ).space(half)}
+    space = {m.description for m in builtin.RandomSearch(repo, "p", "cpu", SEQ).space(half)}
     assert {"DEPTH 4 -> 2", "MODEL_DIM 128 -> 64"} <= space and not {"DEPTH 4 -> 8", "MODEL_DIM 128 -> 256"} & space
-    assert not any(m.fine for m in proposer.moves(half, "cpu", SEQ) if m.description in space)
+    assert not any(m.fine for m in builtin.moves(half, "cpu", SEQ) if m.description in space)
 
 
 def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
@@ -377,13 +378,13 @@ def test_the_size_step_goes_toward_compute_optimal_without_passing_it():
     fixed compute) each move goes; the largest that does not pass it, else the smallest."""
     source = reviewed_train_source()
     values = read_constants(source, "cpu")  # DEPTH 4, MODEL_DIM 128
-    size = [m for m in proposer.moves(source, "cpu", SEQ) if m.arm == "tune DEPTH"]
+    size = [m for m in builtin.moves(source, "cpu", SEQ) if m.arm == "tune DEPTH"]
     up, down = ([m for m in size if m.direction == d] for d in ("up", "down"))
     assert {m.params["DEPTH"] for m in up} == {5, 8} and {m.params["DEPTH"] for m in down} == {3, 2}
-    assert proposer.size_step(up, values, 20 * 4 ** 2 * 1.01).params["DEPTH"] == 8  # 4x the parameters wanted
-    assert proposer.size_step(up, values, 20 * 1.5 ** 2).params["DEPTH"] == 5        # 1.5x: doubling passes it
-    assert proposer.size_step(down, values, 20 / 1.1 ** 2).params["DEPTH"] == 3      # all pass: the smallest
-    assert proposer.size_step(down, values, None) is None
+    assert builtin.size_step(up, values, 20 * 4 ** 2 * 1.01).params["DEPTH"] == 8  # 4x the parameters wanted
+    assert builtin.size_step(up, values, 20 * 1.5 ** 2).params["DEPTH"] == 5        # 1.5x: doubling passes it
+    assert builtin.size_step(down, values, 20 / 1.1 ** 2).params["DEPTH"] == 3      # all pass: the smallest
+    assert builtin.size_step(down, values, None) is None
 
 
 def test_a_description_or_train_py_that_is_no_literal_never_ends_the_night(repo, tag):
