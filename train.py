@@ -68,7 +68,7 @@ FINAL_LR_FRAC = 0.0
 USE_COMPILE = True                         # torch.compile where it can run (see pick_compile); its time counts
                                            # against the budget, ~30 s cold on 2 CPU cores, ~3 s from the cache
 LOG_LINES = 50                             # step lines per run, evenly spaced in budget time: the loss curve
-                                           # the dashboard draws and early pruning compares (autoresearch/prune.py)
+                                           # the dashboard draws and early pruning compares (autoresearch/baseline.py)
 
 # ---------------------------------------------------------------------------
 # Model

@@ -224,12 +224,12 @@ def _checked(args) -> int:
 def check_environment() -> None:
     """Every AUTORESEARCH_* setting, checked before any command does anything: a malformed one is a usage error
     naming the variable, not a failure at the next run."""
-    from autoresearch import fixed, machine, prune, tags
+    from autoresearch import baseline, fixed, machine, tags
     fixed.budget()
     fixed.clock()
     tags.compile_cache_mode()
     machine.check_settings()
-    prune.enabled()
+    baseline.enabled()
 
 
 def _command(args) -> int:

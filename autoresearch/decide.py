@@ -93,7 +93,7 @@ class Comparison:
     df: int          # the degrees of freedom of the noise estimate behind se
     sigma: float     # one run's noise (the pooled sigma), the unit of DISCARD_MARGIN
     paired: bool     # whether shared seed effects were taken out (compare)
-    beside: bool = False  # whether it rests on time-adjacent pairs with controls only (control.in_time)
+    beside: bool = False  # whether it rests on time-adjacent pairs with controls only (baseline.in_time)
 
     @property
     def p(self) -> float:

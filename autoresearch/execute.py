@@ -55,7 +55,7 @@ class Attempt:
     timeout: float | None = None             # shorter than the tag's, never longer
     compile_base: Path | None = None         # the compile cache it gets a private copy of (compiled.py)
     on_progress: Callable | None = None      # on_progress(elapsed, step_line)
-    prune: Callable | None = None            # supervise.run_training's prune (prune.py)
+    prune: Callable | None = None            # supervise.run_training's prune (baseline.py)
     trained: bool = False                    # its training has ended: what fails from here is its crash (execute)
 
 

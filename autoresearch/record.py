@@ -59,7 +59,7 @@ class Trial:
     verify: bool = False   # a verification's run (verify.py): status verify, never an experiment's
     budget_s: float | None = None  # a verification's budget where it is not the tag's
     source: str = ""       # train.py, for a worker; never written to disk with the record
-    pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (prune.py,
+    pruning: dict | None = None  # a candidate's first run: the base's curves it is stopped against (baseline.py,
                                  # study.Study.pruning); never written with the record
 
     def to_json(self) -> dict:

@@ -30,7 +30,7 @@ from functools import cached_property
 from pathlib import Path
 from statistics import fmean
 
-from autoresearch import control, decide, descriptions, execute, fixed, ledger, prune, record, state, tags
+from autoresearch import baseline, decide, descriptions, execute, fixed, ledger, record, state, tags
 from autoresearch.tagconfig import Tag
 
 BASELINE_TRIES = 3   # crashes of the baseline before the loop stops and says so
@@ -99,8 +99,8 @@ def control_due(rows, series: decide.Series, resume: bool) -> Next | None:
     agent's code decides how it does), on the candidate's seed, right beside the candidate's run: the candidate's
     first run is screened alone (decide.rule), so its control follows it; every later pair runs its control
     first, so the candidate's run completes the pair and its row carries the verdict."""
-    base = control.base_row(rows)
-    done = control.controlled_seeds(rows, series.config, base.key)
+    base = baseline.base_row(rows)
+    done = baseline.controlled_seeds(rows, series.config, base.key)
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == series.config})
     missing = [s for s in mine if s not in done]
     due = missing[0] if missing else seed(rows, series.config, [], "control", first=series_first(rows, series.config))
@@ -153,7 +153,7 @@ class Plan:
     repeat: int                  # which run of its configuration (1 for the first), counting those in flight
     run_no: int                  # its place in its series
     test_threshold: float | None  # Study.test_threshold
-    pruning: prune.Reference | None  # a candidate's first run: the base's curves it is stopped against
+    pruning: baseline.Reference | None  # a candidate's first run: the base's curves it is stopped against
     audit_at_keep: bool = False  # its causality audit waits for its series' keep (audit_at_keep below)
 
 
@@ -299,11 +299,11 @@ class Study:
             return "keep", dict(stats, decision="a repeat of the champion")
         comparison = decide.compare(decide.seeded(self.rows) + [run], config_id, champ_row.key)
         if self.rule == "control" and len(mine) >= 2:  # past the screen: only the pairs beside the base's controls
-            base = control.base_row(self.rows).key
-            tilted = control.tilted(self.rows, config_id, base, (seed_, load))
+            base = baseline.base_row(self.rows).key
+            tilted = baseline.tilted(self.rows, config_id, base, (seed_, load))
             if tilted:
                 return "discard", dict(stats, decision=tilted)
-            beside = control.in_time(control.control_diffs(self.rows, base, run), config_id, noise,
+            beside = baseline.in_time(baseline.control_diffs(self.rows, base, run), config_id, noise,
                                      None if champ_row.key == base else champ_row.key)
             if beside is None:  # no pair yet (never the stat comparison: that is what drift fools)
                 status = "discard" if len(mine) >= decide.MAX_RUNS else "confirm"
@@ -333,12 +333,12 @@ class Study:
                 and not (step.series is not None and step.series.kind == "baseline")
                 and self.champion is not None)
 
-    def pruning(self, first_run: bool) -> prune.Reference | None:
-        """What a candidate's run is checked against to be stopped early (prune.py): only a candidate's first run,
+    def pruning(self, first_run: bool) -> baseline.Reference | None:
+        """What a candidate's run is checked against to be stopped early (baseline.py): only a candidate's first run,
         under a repeating rule, once there is a champion; None: it trains its whole budget."""
-        if (self.rule not in decide.REPEATING or not prune.enabled() or not first_run
+        if (self.rule not in decide.REPEATING or not baseline.enabled() or not first_run
                 or self.champion is None):
             return None
-        return prune.reference(self.rows, self.config.budget_s,
-                               prune.log_reader(state.runs_dir(self.repo), state.RUN_LOG), fixed.runtime().STEP_RE,
+        return baseline.reference(self.rows, self.config.budget_s,
+                               baseline.log_reader(state.runs_dir(self.repo), state.RUN_LOG), fixed.runtime().STEP_RE,
                                tags.config_of(self.repo, self.config.base_commit))

@@ -50,7 +50,7 @@ class Training:
     done_after: float | None = None  # seconds from the start until the training's process ended
     cpu_at_done: float | None = None  # CPU seconds of its processes until then
     rewritten: list | None = None  # contract files (result, model) changed after result.json first appeared
-    pruned: str | None = None   # why it was stopped early (prune.py), None when it was not
+    pruned: str | None = None   # why it was stopped early (baseline.py), None when it was not
 
 
 def files_state(out: Path) -> dict:
@@ -152,7 +152,7 @@ def run_training(launch: Launch, pending, on_progress=None, prune=None) -> Train
     run_dir/run.log (capped), watching for its result.json and recording every process of its tree in
     pending.json so that a later recovery can kill exactly those. Every descendant of this process but the
     launch.spare subtrees is the training's: it returns once all of them have ended, so that nothing of it runs
-    beside the evaluation. prune(elapsed, step_line) -> a reason to stop the training now (prune.py), or None."""
+    beside the evaluation. prune(elapsed, step_line) -> a reason to stop the training now (baseline.py), or None."""
     processes.become_subreaper()  # orphans of the training become our children: still in the tree we kill
     log = CappedLog(launch.run_dir / state.RUN_LOG)  # created before the training exists
     argv = [sys.executable, state.EDITABLE]

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from statistics import fmean, stdev
 
-from autoresearch import control, decide, descriptions, ledger, state
+from autoresearch import baseline, decide, descriptions, ledger, state
 
 DISTINCT_SEMS = 2.0  # |mean| <= this many standard errors: not distinguishable from zero
 
@@ -65,7 +65,7 @@ def table(rows: list[ledger.Row], notes: list[str] | None = None) -> dict | None
         ablation.append(dict(keep=keep, move=moves.get(keep, ""), failed=failed,
                              **paired(_values(mine, "ablate", keep), champion)))
     transfer = []
-    base_row = control.base_row(rows)
+    base_row = baseline.base_row(rows)
     transferred = any(v["kind"] == "transfer" for _, v in mine)
     if transferred and base_row is not None and kept is not None and kept.key != base_row.key:  # the night's, beside
         night_runs = {key: {r.seed: r.val_bpb for r in decide.finished(rows) if r.key == key}

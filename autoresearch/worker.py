@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from autoresearch import (compiled, errors, execute, fixed, git, ledger, machine, processes, prune, record, sandbox,
+from autoresearch import (baseline, compiled, errors, execute, fixed, git, ledger, machine, processes, record, sandbox,
                           state, supervise, tags)
 from autoresearch.tagconfig import Tag
 
@@ -176,7 +176,7 @@ class Worker:
         started = time.time()
         ex = execute.execute(execute.Context(self.copy, self.config, self.protection, self.fixed), execute.Attempt(
             run_dir, pending, compile_base=base,
-            prune=prune.Reference(**trial.pruning).check if trial.pruning else None))
+            prune=baseline.Reference(**trial.pruning).check if trial.pruning else None))
         threshold = trial.test_threshold
         if ex.status != "ok" or (threshold is not None and ex.evaluation["val_bpb"] >= threshold):
             record.drop_model(run_dir)  # a model that may be a new best stays on this machine, in run_dir

@@ -26,7 +26,7 @@ BASELINE_RUNS runs, --extra configurations of 2 runs each, in that order, then t
 (the same machine, seed effects and per-run noise), the rules:
 - today: paired seeds against the champion's runs, wherever in time they were made (decide.compare + rule);
 - control: each candidate run k is preceded by a run of the champion on the same seed (its control), and the
-  decision uses only the time-adjacent differences d_k = candidate_k - control_k (control.in_time: a paired t on the
+  decision uses only the time-adjacent differences d_k = candidate_k - control_k (baseline.in_time: a paired t on the
   d's, their noise pooled over the tag's configurations that have two or more, decide.rule's thresholds);
 - control-alt: the same, the order alternating (candidate-control, control-candidate, ...), so a drift that is
   linear over two pairs cancels in their mean;
@@ -54,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoresearch import control, decide  # noqa: E402
+from autoresearch import baseline, decide  # noqa: E402
 
 
 def trial(rng: random.Random, gain: float, rho: float, extra: int, cand_rho: float) -> dict[str, tuple[bool, int]]:
@@ -214,7 +214,7 @@ def drift_trial(rng: random.Random, gain: float, delta: float, rho: float, cand_
                 values: dict[str, list[float]] = {}
                 for c, _, v in runs:
                     values.setdefault(c, []).append(v)
-                verdict = decide.rule(n, control.in_time(diffs, "candidate", decide.pooled_noise(values)))
+                verdict = decide.rule(n, baseline.in_time(diffs, "candidate", decide.pooled_noise(values)))
             if verdict.status != "confirm":
                 break
         out[rule] = (verdict.status == "keep", spent)

@@ -4,7 +4,7 @@
 - paired seeds: how correlated the two configurations' seed effects are. A candidate's k-th run could use the
   champion's k-th seed, so that seed effects cancel in the difference; with correlation rho, the paired
   difference's variance is (1 - rho) times the unpaired one, and a decision needs about that fraction of the runs;
-- early pruning (autoresearch/prune.py): its false-prune rate on no-op changes. Each run is replayed as a
+- early pruning (autoresearch/baseline.py): its false-prune rate on no-op changes. Each run is replayed as a
   candidate against the other runs of its own configuration as the champion, the noise pooled from every other
   run: any verdict is a false prune. Also each run of B against A's runs (a nearby change, never hopeless).
 
@@ -31,7 +31,7 @@ from decisions import aa_change
 from research import ROOT, default_source, measure
 
 import runtime  # noqa: E402
-from autoresearch import machine, prune  # noqa: E402
+from autoresearch import baseline, machine  # noqa: E402
 from autoresearch.sites import set_constants  # noqa: E402
 
 
@@ -42,7 +42,7 @@ def pearson(xs, ys) -> float:
 
 
 def curves(work: Path, seeds) -> list:
-    return [prune.curve((work / f"seed{s}" / "train.log").read_text(), runtime.STEP_RE) for s in seeds]
+    return [baseline.curve((work / f"seed{s}" / "train.log").read_text(), runtime.STEP_RE) for s in seeds]
 
 
 def false_prunes(mine: list, budget: float) -> tuple[int, int]:
@@ -50,7 +50,7 @@ def false_prunes(mine: list, budget: float) -> tuple[int, int]:
     pruned = 0
     for i, run in enumerate(mine):
         rest = mine[:i] + mine[i + 1:]
-        ref = prune.Reference(budget, rest)
+        ref = baseline.Reference(budget, rest)
         pruned += any(ref.verdict(t, loss) for t, loss in run)
     return pruned, len(mine)
 
@@ -86,7 +86,7 @@ def main() -> int:
     diffs = [y - x for x, y in zip(a, b)]
     ca, cb = curves(work / "A", seeds), curves(work / "B", seeds)
     fa, fb = false_prunes(ca, args.budget), false_prunes(cb, args.budget)
-    cross = sum(any(prune.Reference(args.budget, ca).verdict(t, loss) for t, loss in run) for run in cb)
+    cross = sum(any(baseline.Reference(args.budget, ca).verdict(t, loss) for t, loss in run) for run in cb)
     result = {
         "budget_s": args.budget, "change": args.change, "seeds": seeds, "A": [round(x, 6) for x in a],
         "B": [round(x, 6) for x in b], "rho": round(rho, 3), "sd_A": round(statistics.stdev(a), 5),
@@ -94,7 +94,7 @@ def main() -> int:
         "sd_unpaired_diff": round((statistics.variance(a) + statistics.variance(b)) ** 0.5, 5),
         "mean_diff": round(statistics.fmean(diffs), 5), "step_lines": statistics.median(len(c) for c in ca + cb),
         "false_prunes": [fa[0] + fb[0], fa[1] + fb[1]], "B_pruned_against_A": [cross, len(cb)],
-        "prune_rule": {"from_fraction": prune.FROM_FRACTION, "z": prune.Z, "min_gap": prune.MIN_GAP},
+        "prune_rule": {"from_fraction": baseline.FROM_FRACTION, "z": baseline.Z, "min_gap": baseline.MIN_GAP},
         "minutes": round((time.time() - t0) / 60, 1), "cpu": hw["name"], "cores": hw["cores"],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "work": str(work),
     }

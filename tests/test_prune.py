@@ -1,10 +1,10 @@
-"""Early pruning's rule (autoresearch/prune.py), on loss curves made up to the point: the harness's own use of
+"""Early pruning's rule (autoresearch/baseline.py), on loss curves made up to the point: the harness's own use of
 it is in test_harness (a candidate with every learning rate at zero is pruned, with no evaluation)."""
 
 import random
 
 import runtime
-from autoresearch import prune
+from autoresearch import baseline
 from autoresearch.tagconfig import Tag
 
 TAG = Tag("t", "autoresearch/t", "f", 100, "c")  # a tag with a 100 s budget
@@ -21,7 +21,7 @@ def run(level: float, rng, noise=0.02, start=0):
 def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_after_half_the_budget():
     rng = random.Random(0)
     base = [run(3.0, rng) for _ in range(3)]
-    ref = prune.Reference(BUDGET, base)
+    ref = baseline.Reference(BUDGET, base)
     sd, df = ref.noise(60)
     assert 0.005 < sd < 0.08 and df == 2
     # 200 no-op candidates (new seeds of the champion's curve): none pruned at any step line
@@ -41,10 +41,10 @@ def test_a_run_like_the_champion_s_is_never_pruned_and_a_hopeless_one_is_only_af
 
 def test_no_verdict_without_noise_to_calibrate_on_or_a_curve_to_compare_with():
     rng = random.Random(1)
-    assert prune.Reference(BUDGET, [run(3.0, rng)]).verdict(80, 9.0) is None  # one run: no noise estimate
-    ref = prune.Reference(BUDGET, [run(3.0, rng, start=0)[:40], run(3.0, rng, start=0)[:40]])
+    assert baseline.Reference(BUDGET, [run(3.0, rng)]).verdict(80, 9.0) is None  # one run: no noise estimate
+    ref = baseline.Reference(BUDGET, [run(3.0, rng, start=0)[:40], run(3.0, rng, start=0)[:40]])
     assert ref.verdict(80, 9.0) is None  # the base's curves end before 80 s
-    ref = prune.Reference(BUDGET, [run(3.0, rng), run(3.0, rng), run(3.0, rng)])
+    ref = baseline.Reference(BUDGET, [run(3.0, rng), run(3.0, rng), run(3.0, rng)])
     assert ref.verdict(80, float("nan")) is None and ref.verdict(None, 9.0) is None
     assert ref.check(80, "step=   80 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=80s | epoch=1")
     assert ref.check(80, "no step line") is None
@@ -53,9 +53,9 @@ def test_no_verdict_without_noise_to_calibrate_on_or_a_curve_to_compare_with():
 def test_curves_are_read_from_the_step_lines_and_interpolated():
     text = "\n".join(runtime.step_line(s, loss, 1000, 1.0, t, 1) for s, loss, t in
                      [(1, 6.0, 0), (10, 5.0, 10), (20, float("nan"), 15), (30, 4.0, 20)]) + "\nval_bpb=1.0\n"
-    points = prune.curve(text, runtime.STEP_RE)
+    points = baseline.curve(text, runtime.STEP_RE)
     assert points == [(0.0, 6.0), (10.0, 5.0), (20.0, 4.0)]
-    assert prune.at(points, 15) == 4.5 and prune.at(points, 20) == 4.0 and prune.at(points, 25) is None
+    assert baseline.at(points, 15) == 4.5 and baseline.at(points, 20) == 4.0 and baseline.at(points, 25) is None
 
 
 def test_no_verdict_on_a_run_s_first_steps():
@@ -63,10 +63,10 @@ def test_no_verdict_on_a_run_s_first_steps():
     initialised head: ln(vocab)); a change that redraws the initial weights overshot it by 0.04 at step 2, and
     was pruned as hopeless on the first look of a 10 s budget whose first half went to compilation."""
     plateau = [[(5.0, 8.3180 + d), (9.0, 8.3180 + d)] for d in (0.0, 0.0001, -0.0001)]
-    ref = prune.Reference(10.0, plateau)
+    ref = baseline.Reference(10.0, plateau)
     line = "step=     2 | loss=8.3619 | tok/s=1 | mfu=1.0% | elapsed=5s | epoch=1"
     assert ref.check(5, line) is None
-    assert ref.check(5, line.replace("step=     2", f"step={prune.MIN_STEP:6d}"))  # the same loss, later: judged
+    assert ref.check(5, line.replace("step=     2", f"step={baseline.MIN_STEP:6d}"))  # the same loss, later: judged
 
 
 def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_baseline(tmp_path):
@@ -91,7 +91,7 @@ def test_only_a_candidate_s_first_run_is_pruned_never_a_confirmation_or_the_base
             mock.patch("autoresearch.tags.config_of", return_value="cfg"):
         ref = study.Study(tmp_path, TAG, "stat", rows).pruning(True)
     assert ref is not None and len(ref.base) == 3
-    shipped = prune.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
+    shipped = baseline.Reference(**dataclasses.asdict(ref))  # what the worker rebuilds from the job
     hopeless = "step=   70 | loss=9.0000 | tok/s=1 | mfu=1.0% | elapsed=70s | epoch=1"
     for r in (ref, shipped):  # a warm start: the first step line early (see the cold-compile test)
         assert r.check(1, "step=     1 | loss=6.0000 | tok/s=1 | mfu=1.0% | elapsed=1s | epoch=1") is None

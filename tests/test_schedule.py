@@ -166,11 +166,11 @@ def test_controls_are_evidence_for_one_candidate_never_runs_of_the_champion():
     """A control is the champion's train.py on a seed the champion already ran: as a run of the champion it would
     shrink the noise estimate and move the champion's mean. It counts only in its candidate's pairs, keeps the
     candidate's series open, and a control that crashes closes it (no endless retries of a broken machine)."""
-    from autoresearch import control, decide
+    from autoresearch import baseline, decide
     series = controlled("control", lambda seed: 0.95, lambda seed: 1.0)
     rows = SEEDED_BASE + series
     assert decide.samples(rows)["base"] == [1.0, 1.01, 0.99]
-    assert control.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
+    assert baseline.control_diffs(rows, "base") == {"cand": [pytest.approx(-0.05)] * 2}
     opened = SEEDED_BASE + series[:2]
     assert decide.latest_unfinished(opened).config == "cand"
     step = study.next_run(opened, [], "control", False, "base")
@@ -233,11 +233,11 @@ def test_load_put_beside_a_control_ends_the_series_so_an_agent_gains_nothing_by_
     rows = SEEDED_BASE + [row("confirm", "cand", "x", "", 0.99, seed=42, load=0.0),
                           dataclasses.replace(row("control", "base", descriptions.control("cand", "x"), "", 1.0,
                                                   seed=42, load=0.9), clock="cpu")]
-    from autoresearch import control
-    assert control.tilted(rows, "cand", "base", (43, 0.0)) is None
-    assert control.tilted(rows[:-1] + [dataclasses.replace(rows[-1], clock="wall")], "cand", "base") is not None
+    from autoresearch import baseline
+    assert baseline.tilted(rows, "cand", "base", (43, 0.0)) is None
+    assert baseline.tilted(rows[:-1] + [dataclasses.replace(rows[-1], clock="wall")], "cand", "base") is not None
     # in the parallel loop a sibling worker's training is others' load: its rows (a worker's) are not read
-    assert control.tilted([dataclasses.replace(r, clock="wall", worker="w1") for r in rows], "cand", "base") is None
+    assert baseline.tilted([dataclasses.replace(r, clock="wall", worker="w1") for r in rows], "cand", "base") is None
 
 
 def test_a_control_refused_after_it_trained_ends_its_candidates_series():
@@ -323,7 +323,7 @@ def fake_execute(ctx, attempt):
         crashed.write_text("")
         return execute.Execution("crash", "exit status 1", None, {}, supervise.Training(1, False, None, 1.0))
     noise = (seed * 7919) % 5 - 2
-    for step, elapsed in zip((10, 20, 30), (0, 1, 2)):  # from prune.MIN_STEP on: judged
+    for step, elapsed in zip((10, 20, 30), (0, 1, 2)):  # from baseline.MIN_STEP on: judged
         line = runtime.step_line(step, 3 + 1 / (1 + elapsed) + 2 * abs(lr - 0.03) + 0.01 * noise, 1000, 1.0,
                                  elapsed, 1)
         with open(log, "a") as f:
