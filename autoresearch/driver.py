@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoresearch import (agents, decide, descriptions, errors, execute, fixed, git, heldout, ledger, loop, proposer,
-                          record, run, sandbox, state, study, supervise, tags, tokens)
+from autoresearch import (agents, audit, decide, descriptions, errors, execute, fixed, git, heldout, ledger, loop,
+                          proposer, record, run, sandbox, state, study, supervise, tags, tokens)
 from autoresearch.record import Trial
 from autoresearch.worker import Worker, keep_on_branch
 from autoresearch.tagconfig import Tag
@@ -245,7 +245,7 @@ class Driver:
         """Before a keep: the audits of a series `autoresearch run` began (its runs are in this repository, their
         audit left for the keep: study.Study.audit_at_keep), made here. This loop's own runs were audited when
         scored. Why the keep is refused, or None."""
-        waiting = run.owed(self.repo, rows, config_id, execute.waited_for_keep)
+        waiting = audit.owed(self.repo, rows, config_id)
         if not waiting:
             return None
         try:
@@ -253,7 +253,7 @@ class Driver:
                                   fixed.of_tag(self.repo, self.config))
         except Exception as e:
             return f"the audit its series' earlier runs wait for could not be made here ({e})"
-        return run.audit_series(ctx, waiting, None, self.log)
+        return audit.series(ctx, waiting, None, self.log)
 
     def recorded(self, job: Trial, row: ledger.Row, run_dir: Path | None = None) -> None:
         """Record a job's row (record.py, as `autoresearch run` does), then forget it was in flight."""

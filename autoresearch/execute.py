@@ -11,7 +11,6 @@ execute, and record.py turns what it returns into a row.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -328,60 +327,6 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
                                      f"{evaluation['val_bpb']:.6f}")
     state.atomic_json(attempt.run_dir / state.EVALUATION, evaluation)
     return Execution(status, reason, result, evaluation, facts.training)
-
-
-AUDIT = "audit.json"  # in a run's directory: its audit made at its series' keep (audit), for the reader
-
-
-def _harness_json(path: Path) -> dict:
-    """A JSON object the harness wrote in a run's directory, read as a regular file of bounded size."""
-    data = json.loads(safe_read.read_regular(path, safe_read.RESULT_LIMIT))
-    if not isinstance(data, dict):
-        raise ValueError(f"{path.name} does not hold an object")
-    return data
-
-
-def waited_for_keep(run_dir: Path) -> bool:
-    """Whether a run's audit was left for its series' keep (its evaluation says so: study.Study.audit_at_keep).
-    The parallel driver asks, for a series that `autoresearch run` began; unreadable: True (audited again)."""
-    try:
-        evaluation = _harness_json(run_dir / state.EVALUATION)
-    except (OSError, ValueError, safe_read.Unsafe):
-        return True
-    return bool(evaluation.get("audit_at_keep")) and not evaluation.get("audited")
-
-
-def audit(ctx: Context, run_dir: Path, scores: tuple[float, float | None], on_start=None) -> str | None:
-    """The causality audit of a finished run that may be kept, made when its series is about to be kept
-    (run.audit_series): its exported model (out/, the contract files the harness accepted, the training long
-    ended) scored again by a fresh evaluator with the audit's probes, as it would have been when it was scored.
-    It must give the scores recorded for the run, `scores` (val_bpb, test_bpb: its ledger row's, or for the run
-    being decided what its evaluation returned), never what a file in its directory says. Writes
-    run_dir/audit.json (for the reader: nothing reads it back); returns why the keep is refused, or None."""
-    try:
-        scored = _harness_json(run_dir / state.EVALUATION)  # how it was evaluated: dtype, device, check_bpb
-        out = run_dir / sandbox.OUT_DIR
-        if not all((out / name).is_file() and not (out / name).is_symlink() for name in fixed.contract_files()[1:]):
-            return f"run {run_dir.name} may be kept, and its exported model is gone: it cannot be audited"
-        request = scoring.Request(str(out), str(scored["dtype"]), str(scored["device"]), float(scored["check_bpb"]),
-                          float("inf"), draw=heldout.draw(ctx.config))
-        evaluation = harness.run_evaluation(ctx.fixed_half.sources, ctx.fixed_half.cache, request, EVAL_TIMEOUT,
-                                            ctx.protection, on_start)
-        if not isinstance(evaluation, dict):
-            return f"run {run_dir.name}'s audit returned no verdict"
-        state.atomic_json(run_dir / AUDIT, evaluation)
-        if "refused" in evaluation or "error" in evaluation:
-            return f"run {run_dir.name}'s audit: {evaluation.get('refused') or evaluation.get('error')}"
-        tolerance = scoring.CHECK_TOLERANCE.get(request.dtype, 0.0) + 1e-6  # a row keeps 6 decimals
-        for split, value in zip(("val_bpb", "test_bpb"), scores):
-            if value is not None and not abs(float(evaluation.get(split, "nan")) - value) <= tolerance:
-                return (f"run {run_dir.name}'s export scored {split} {evaluation.get(split)} at its audit, {value} "
-                        "when it ran")
-        if not evaluation.get("audited"):
-            return f"run {run_dir.name} was not audited ({evaluation.get('causal_probes')} probes)"
-        return None
-    except Exception as e:  # whatever fails here refuses the keep; it never leaves the run unrecorded
-        return f"run {run_dir.name}'s audit failed ({type(e).__name__}: {descriptions.printable(str(e))[:200]})"
 
 
 def checked_source(repo: Path, config: Tag, run_dir: Path, commit: str | None) -> str | None:

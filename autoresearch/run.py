@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from autoresearch import (compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine, processes,
+from autoresearch import (audit, compiled, decide, descriptions, execute, fixed, git, heldout, ledger, machine,
                           record, sandbox, state, study, supervise, tags, untrusted)
 from autoresearch.errors import HarnessError, MachineBusy, Refused
 from autoresearch.tagconfig import Tag
@@ -100,13 +100,13 @@ def run_once(repo: Path, description: str, options: Options = Options()) -> Outc
 
 def tell(the_study: study.Study, ctx: execute.Context, ex: execute.Execution, series, pending: record.Pending,
          log) -> tuple[execute.Execution, ledger.Row]:
-    """A finished run's row, judged (and its series audited, when it keeps: audit_series), recorded, the branch
+    """A finished run's row, judged (and its series audited, when it keeps: audit.series), recorded, the branch
     put back unless it kept or confirms, and the models no longer vouched for dropped."""
     repo, config, rows = ctx.repo, ctx.config, the_study.rows
     run_dir = state.run_dir(repo, pending.trial.run_id)
     ex, row = the_study.judge(ex, series, pending.trial)
     if row.status == "keep" and pending.trial.audit_at_keep:
-        problem = audit_series(ctx, owed(repo, rows, pending.trial.config, execute.waited_for_keep) + (
+        problem = audit.series(ctx, audit.owed(repo, rows, pending.trial.config) + (
             [(run_dir, (ex.evaluation["val_bpb"], ex.evaluation["test_bpb"]))]
             if ex.evaluation.get("test_bpb") is not None and not ex.evaluation.get("audited") else []), pending, log)
         if problem:  # the keep refused, its series ended (study.Study.row)
@@ -128,36 +128,6 @@ def series_dirs(repo: Path, rows: list[ledger.Row], config_id: str, run_dir: Pat
     and of the run `run_dir`: the runs a keep vouches for."""
     return [state.run_dir(repo, r.run_id) for r in rows
             if r.status == "confirm" and r.config == config_id and r.run_id] + [run_dir]
-
-
-def owed(repo: Path, rows: list[ledger.Row], config_id: str, waited) -> list[tuple]:
-    """The runs of a configuration's open series that may be kept (their test split scored) and whose audit is
-    due at its keep, with the scores their rows recorded: (run_dir, (val_bpb, test_bpb)). waited(run_dir):
-    whether that run's audit was left for the keep (execute.waited_for_keep: a series the parallel driver began
-    and `run` finishes was audited when scored, its exports on the workers)."""
-    return [(state.run_dir(repo, r.run_id), (r.val_bpb, r.test_bpb)) for r in rows
-            if r.status == "confirm" and r.config == config_id and r.run_id and r.test_bpb is not None
-            and waited(state.run_dir(repo, r.run_id))]
-
-
-def audit_series(ctx: execute.Context, runs: list[tuple], pending: record.Pending | None, log) -> str | None:
-    """Before a series is kept: the causality audit of each of its runs that may be kept and was scored without
-    it (study.Study.audit_at_keep), exactly the runs that would have been audited when scored, so a keep vouches
-    for the same audits as before, and a series that ends discarded pays none. runs: owed()'s, and the deciding
-    run's. Why the keep is refused, or None."""
-    for i, (run_dir, scores) in enumerate(runs, 1):
-        log(f"auditing run {run_dir.name} before the keep ({i} of {len(runs)}: the causality audit)")
-
-        def started(pid):  # a harness killed during the audit: recovery ends its evaluator too
-            if pending is not None:
-                pending.processes.append(processes.identity(pid) or [pid, 0.0])
-                pending.write()
-            state.fault_point("auditing")
-
-        problem = execute.audit(ctx, run_dir, scores, started)
-        if problem:
-            return problem
-    return None
 
 
 def begin(repo: Path, options: Options) -> tuple[Tag, str, str]:

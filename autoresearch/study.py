@@ -324,7 +324,7 @@ class Study:
 
     def audit_at_keep(self, step: Next) -> bool:
         """Whether the run's causality audit (evaluator/probes.py: 4,603 probes, what a run that may be kept gets)
-        waits for its series to be kept (run.audit_series) instead of being made when it is scored: a candidate's
+        waits for its series to be kept (audit.series) instead of being made when it is scored: a candidate's
         run under a repeating rule once there is a champion, whose series may still end discarded (then no run
         of it needs the audit). A baseline's run, or any run under the naive rule, is kept exactly when it may be
         kept: audited at once, as before. The parallel driver's runs are audited when scored (a worker's export

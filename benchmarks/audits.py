@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def night(repo: Path) -> dict:
-    from autoresearch import descriptions, execute, ledger, state
+    from autoresearch import audit, descriptions, ledger, state
     rows = [r for r in ledger.read(state.results(repo)) if r.run_id]
     kept = {r.config for r in rows if r.status == "keep"}
     when_scored, at_keep, audit_s, extra_s = 0, 0, [], []
@@ -32,7 +32,7 @@ def night(repo: Path) -> dict:
             scored = json.loads((run_dir / state.EVALUATION).read_text())
         except (OSError, ValueError):
             continue
-        done = json.loads((run_dir / execute.AUDIT).read_text()) if (run_dir / execute.AUDIT).exists() else {}
+        done = json.loads((run_dir / audit.AUDIT).read_text()) if (run_dir / audit.AUDIT).exists() else {}
         if scored.get("audited"):
             audit_s.append(scored["causal_seconds"])
         if done.get("audited"):

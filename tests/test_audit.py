@@ -49,7 +49,7 @@ def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_sco
     Then the audit itself: an export whose recorded score is not what it scores, or that is gone, refuses."""
     from conftest import cli, sh
 
-    from autoresearch import execute, fixed, ledger, sandbox, state, tags
+    from autoresearch import audit, execute, fixed, ledger, sandbox, state, tags
     from autoresearch.evaluator.probes import AUDIT_PROBES, CAUSAL_PROBES
     learning = (repo / "train.py").read_text()
     (repo / "train.py").write_text(set_lrs(learning, 0.0))
@@ -68,16 +68,16 @@ def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_sco
     for r in base:
         evaluation = json.loads((state.run_dir(repo, r.run_id) / state.EVALUATION).read_text())
         assert evaluation["audited"] and evaluation["causal_probes"] > CAUSAL_PROBES
-        assert not (state.run_dir(repo, r.run_id) / execute.AUDIT).exists()
-        assert not execute.waited_for_keep(state.run_dir(repo, r.run_id))
+        assert not (state.run_dir(repo, r.run_id) / audit.AUDIT).exists()
+        assert not audit.waited_for_keep(state.run_dir(repo, r.run_id))
     for r in mine:
         run_dir = state.run_dir(repo, r.run_id)
         scored = json.loads((run_dir / state.EVALUATION).read_text())
-        audit = json.loads((run_dir / execute.AUDIT).read_text())
+        made = json.loads((run_dir / audit.AUDIT).read_text())
         assert scored["audit_at_keep"] and not scored["audited"] and scored["causal_probes"] <= CAUSAL_PROBES
-        assert execute.waited_for_keep(run_dir)  # what the parallel driver asks of a series this loop began
-        assert audit["audited"] and CAUSAL_PROBES < audit["causal_probes"] <= AUDIT_PROBES
-        assert (audit["val_bpb"], audit["test_bpb"]) == (scored["val_bpb"], scored["test_bpb"])
+        assert audit.waited_for_keep(run_dir)  # what the parallel driver asks of a series this loop began
+        assert made["audited"] and CAUSAL_PROBES < made["causal_probes"] <= AUDIT_PROBES
+        assert (made["val_bpb"], made["test_bpb"]) == (scored["val_bpb"], scored["test_bpb"])
         assert (round(scored["val_bpb"], 6), round(scored["test_bpb"], 6)) == (r.val_bpb, r.test_bpb)
 
     monkeypatch.setenv("AUTORESEARCH_CACHE", env["AUTORESEARCH_CACHE"])  # the tag's data and secret draw
@@ -86,15 +86,15 @@ def test_a_candidates_runs_are_audited_when_its_series_is_kept_with_the_same_sco
     kept = mine[-1]
     copy = repo.parent / "copy"
     shutil.copytree(state.run_dir(repo, kept.run_id), copy)
-    assert execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None  # the recorded scores: it passes
+    assert audit.check(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None  # the recorded scores: it passes
     # the scores it is held to are the row's, never a file in the run's directory (a training without a sandbox
     # could write one there): an evaluation.json that says anything else changes nothing
     scored = json.loads((copy / state.EVALUATION).read_text())
     (copy / state.EVALUATION).write_text(json.dumps(dict(scored, val_bpb=1.0, test_bpb=1.0, audited=True)))
-    assert execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None
-    assert "scored val_bpb" in execute.audit(ctx, copy, (kept.val_bpb - 0.1, kept.test_bpb))
+    assert audit.check(ctx, copy, (kept.val_bpb, kept.test_bpb)) is None
+    assert "scored val_bpb" in audit.check(ctx, copy, (kept.val_bpb - 0.1, kept.test_bpb))
     (copy / sandbox.OUT_DIR / fixed.contract_files()[2]).unlink()
-    assert "exported model is gone" in execute.audit(ctx, copy, (kept.val_bpb, kept.test_bpb))
+    assert "exported model is gone" in audit.check(ctx, copy, (kept.val_bpb, kept.test_bpb))
 
 
 @pytest.mark.slow
@@ -104,7 +104,7 @@ def test_a_series_begun_by_run_and_kept_by_the_parallel_driver_gets_its_audits(r
     first run waits for its audit, the driver's check audits it with 4,603 probes against its row's scores."""
     from conftest import cli, sh
 
-    from autoresearch import driver, execute, ledger, state, tags
+    from autoresearch import audit, driver, ledger, state, tags
     from autoresearch.evaluator.probes import CAUSAL_PROBES
     learning = (repo / "train.py").read_text()
     (repo / "train.py").write_text(set_lrs(learning, 0.0))
@@ -117,7 +117,7 @@ def test_a_series_begun_by_run_and_kept_by_the_parallel_driver_gets_its_audits(r
     rows = ledger.read(repo / "results.tsv")
     first = rows[-1]
     assert first.status == "confirm" and first.test_bpb is not None, [(r.status, r.decision) for r in rows]
-    assert execute.waited_for_keep(state.run_dir(repo, first.run_id))
+    assert audit.waited_for_keep(state.run_dir(repo, first.run_id))
 
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -125,9 +125,9 @@ def test_a_series_begun_by_run_and_kept_by_the_parallel_driver_gets_its_audits(r
     logged = []
     fake = type("D", (), {"repo": repo, "config": config, "log": logged.append})()
     assert driver.Driver.audit_begun_series(fake, rows, first.config) is None, logged
-    audit = json.loads((state.run_dir(repo, first.run_id) / execute.AUDIT).read_text())
-    assert audit["audited"] and audit["causal_probes"] > CAUSAL_PROBES and len(logged) == 1
-    assert round(audit["val_bpb"], 6) == first.val_bpb
+    made = json.loads((state.run_dir(repo, first.run_id) / audit.AUDIT).read_text())
+    assert made["audited"] and made["causal_probes"] > CAUSAL_PROBES and len(logged) == 1
+    assert round(made["val_bpb"], 6) == first.val_bpb
     # an export that no longer gives its row's score refuses the keep
     lying = [r if r.run_id != first.run_id else dataclasses.replace(r, val_bpb=r.val_bpb - 0.1) for r in rows]
     assert "scored val_bpb" in driver.Driver.audit_begun_series(fake, lying, first.config)
