@@ -25,7 +25,6 @@ and throws it away when it changed (the run is refused).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import cgroups, descriptions, fixed, guard, machine, processes, sandbox, scratch
-from autoresearch.evaluator import safe_read
+from autoresearch.scratch import Unaccepted
 from autoresearch.tagconfig import Tag
 
 PHASE_TIMEOUT = 300   # seconds for a compile phase: a cold compile of the default takes 25-82 s on 2 CPU cores.
@@ -193,7 +192,7 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
     finally:
         if os.path.lexists(phase_base):
             scratch.release(phase_base)
-        remove(work)
+        scratch.release(work)
     record = {"seconds": round(seconds, 2), "ok": ok, "protection": protection, "from": started,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     tmp = root(cache) / f"{name}.done.tmp"
@@ -226,13 +225,13 @@ def _adopt(phase_base: Path, base: Path) -> str | None:
     """What the phase left, check()ed, copied file by file into the base on disk; why not (the base is then
     empty: never handed to a run, never copied forward), or None."""
     if os.path.lexists(base):
-        remove(base)
+        scratch.release(base)
     try:
         copy_base(phase_base, base)
         return None
     except (OSError, Unaccepted) as e:
         if os.path.lexists(base):
-            remove(base)
+            scratch.release(base)
         (base / "headers").mkdir(parents=True)
         return f"it left what the harness does not accept in its base: {e}"
 
@@ -244,93 +243,30 @@ def prune(cache: Path, keep: Path) -> None:
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for old in bases[KEEP_BASES:]:
         if old != keep:
-            remove(old)
+            scratch.release(old)
             (root(cache) / f"{old.name}.done").unlink(missing_ok=True)
 
 
 BASE_LIMIT = 4 << 30   # bytes a base may hold: the default's is ~160 MB on the cpu profile; a GPU model's more
 
 
-class Unaccepted(Exception):
-    """A base holds something the harness does not accept from code it ran: the message says what and where."""
-
-
 def check(base: Path, limit: int = BASE_LIMIT) -> int:
-    """Its bytes; raise Unaccepted unless `base` (what a compile phase wrote) holds directories and regular files only, at
-    most `limit` bytes in all: no symbolic link (a `headers` replaced by `../../..` became a writable bind of the
-    host's / in every later run: issue 50), no device, FIFO or socket, `headers` a directory."""
-    try:
-        return _checked(base, limit)
-    except RecursionError:  # a tree thousands of directories deep (Python's walk recurses before 3.12)
-        raise Unaccepted("it is nested too deep for a compile cache") from None
-
-
-def _checked(base: Path, limit: int) -> int:
-    total = 0
-    # os.walk lists links to directories in dirs and never follows them; a directory it cannot list (mode 000, as
-    # a user other than root) would hide what is in it from the count and the copy: an error, not a skip
-    for top, dirs, files in os.walk(base, onerror=_raise):
-        for name in dirs + files:
-            path = os.path.join(top, name)
-            st = os.lstat(path)
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-            elif not stat.S_ISDIR(st.st_mode):
-                raise Unaccepted(f"{os.path.relpath(path, base)} is not a regular file or a directory "
-                                 f"({stat.filemode(st.st_mode)})")
-            if stat.S_IMODE(st.st_mode) & ~0o755:  # setuid/setgid/sticky, writable by others: cleared (a phase
-                os.chmod(path, stat.S_IMODE(st.st_mode) & 0o755)  # made /bin/sh setuid root in its base); it has ended
-    if total > limit:
-        raise Unaccepted(f"it holds {total:,} bytes, more than the {limit:,} a base may")
+    """Its bytes; Unaccepted unless `base` (what a compile phase wrote) is an accepted tree (scratch.accepted_size:
+    a `headers` replaced by a link to `../../..` became a writable bind of the host's / in every later run, issue
+    50) with `headers`, if any, a directory."""
+    total = scratch.accepted_size(base, limit)
     headers = os.lstat(base / "headers") if os.path.lexists(base / "headers") else None
     if headers is not None and not stat.S_ISDIR(headers.st_mode):
         raise Unaccepted(f"headers is not a directory ({stat.filemode(headers.st_mode)})")
     return total
 
 
-def _raise(error: OSError) -> None:
-    raise error
-
-
-def remove(path: Path) -> None:
-    """Remove a base (or what a phase left) whatever modes it set: every directory opened (0700) before it is
-    listed, so one made unlistable is removed too; a tmpfs it lies on unmounted."""
-    if os.path.ismount(path):
-        scratch.release(path)
-        return
-    if not os.path.lexists(path):
-        return
-    if not os.path.isdir(path) or os.path.islink(path):
-        os.unlink(path)
-        return
-    with contextlib.suppress(OSError):
-        os.chmod(path, 0o700)
-    for top, dirs, _ in os.walk(path):  # top-down: a directory is opened here before the walk lists it
-        for name in dirs:
-            if not os.path.islink(os.path.join(top, name)):
-                with contextlib.suppress(OSError):
-                    os.chmod(os.path.join(top, name), 0o700)
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def copy_base(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
-    """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else: directories made
-    here, regular files opened without following a link (O_NOFOLLOW) and checked by the open descriptor, so a link
-    or a FIFO swapped in after check() is refused too. Unaccepted (dest removed) for anything else."""
+    """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else (scratch.copy_accepted),
+    with a `headers` directory. Unaccepted (dest removed) for anything else."""
     check(base, limit)
+    scratch.copy_accepted(base, dest, limit)
     try:
-        dest.mkdir(exist_ok=True)  # new, or a tmpfs just mounted there (private_copy)
-        if not stat.S_ISDIR(os.lstat(dest).st_mode):
-            raise Unaccepted(f"{dest} is not a directory")
-        for top, dirs, files in os.walk(base, onerror=_raise):
-            rel = Path(top).relative_to(base)
-            for name in dirs:
-                (dest / rel / name).mkdir()
-            for name in files:
-                try:
-                    safe_read.copy_regular(Path(top) / name, dest / rel / name, limit)
-                except safe_read.Unsafe as e:
-                    raise Unaccepted(str(e)) from None
         (dest / "headers").mkdir(exist_ok=True)
         if (dest / "headers").is_symlink() or not (dest / "headers").is_dir():
             raise Unaccepted("headers is not a directory")
@@ -386,4 +322,4 @@ def discard(cache: Path, name: str) -> None:
     """Forget a base (a run without a sandbox changed it): the next run fills a new one."""
     (root(cache) / f"{name}.done").unlink(missing_ok=True)
     if os.path.lexists(base_dir(cache, name)):
-        remove(base_dir(cache, name))
+        scratch.release(base_dir(cache, name))

@@ -249,7 +249,7 @@ def compile_copy(ctx: Context, attempt: Attempt) -> tuple[Execution | None, obje
         return None, None
     try:
         compiled.private_copy(attempt.compile_base, attempt.run_dir)
-    except compiled.Unaccepted as e:  # checked after its phase, so changed since: by a run without a sandbox
+    except scratch.Unaccepted as e:  # checked after its phase, so changed since: by a run without a sandbox
         compiled.discard(ctx.fixed_half.cache, attempt.compile_base.name)
         return Execution("refused", f"the compile cache's base holds what no run may get ({e}); thrown away, the "
                          "next run fills a new one", None, {}, supervise.Training(None, False, None, 0.0)), None

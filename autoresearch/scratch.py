@@ -219,6 +219,64 @@ def _shallow(path: str, top: str) -> str:
         return path
 
 
+class Unaccepted(Exception):
+    """A tree holds something the harness does not accept from code it ran: the message says what and where."""
+
+
+def accepted_size(top: Path, limit: int) -> int:
+    """Its bytes; raise Unaccepted unless the tree `top` (what code the harness ran wrote) holds directories and
+    regular files only, at most `limit` bytes in all: no symbolic link, no device, FIFO or socket. Modes beyond
+    0755 (setuid, setgid, sticky, writable by others) are cleared: a compile phase made /bin/sh setuid root in its
+    base. Call it once the code that wrote it has ended."""
+    total = 0
+    # os.walk lists links to directories in dirs and never follows them; a directory it cannot list (mode 000, as
+    # a user other than root) would hide what is in it from the count and the copy: an error, not a skip
+    try:
+        for here, dirs, files in os.walk(top, onerror=_raise):
+            for name in dirs + files:
+                path = os.path.join(here, name)
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                elif not stat.S_ISDIR(st.st_mode):
+                    raise Unaccepted(f"{os.path.relpath(path, top)} is not a regular file or a directory "
+                                     f"({stat.filemode(st.st_mode)})")
+                if stat.S_IMODE(st.st_mode) & ~0o755:
+                    os.chmod(path, stat.S_IMODE(st.st_mode) & 0o755)
+    except RecursionError:  # a tree thousands of directories deep (Python's walk recurses before 3.12)
+        raise Unaccepted("it is nested too deep") from None
+    if total > limit:
+        raise Unaccepted(f"it holds {total:,} bytes, more than the {limit:,} it may")
+    return total
+
+
+def _raise(error: OSError) -> None:
+    raise error
+
+
+def copy_accepted(top: Path, dest: Path, limit: int) -> None:
+    """A copy of the accepted tree `top` (accepted_size, checked by the caller) at `dest` (new, or an empty
+    mount point): directories made here, regular files opened without following a link (O_NOFOLLOW) and checked
+    by the open descriptor, so a link or a FIFO swapped in after the check is refused too. Unaccepted (dest
+    removed) for anything else."""
+    try:
+        dest.mkdir(exist_ok=True)
+        if not stat.S_ISDIR(os.lstat(dest).st_mode):
+            raise Unaccepted(f"{dest} is not a directory")
+        for here, dirs, files in os.walk(top, onerror=_raise):
+            rel = Path(here).relative_to(top)
+            for name in dirs:
+                (dest / rel / name).mkdir()
+            for name in files:
+                try:
+                    safe_read.copy_regular(Path(here) / name, dest / rel / name, limit)
+                except safe_read.Unsafe as e:
+                    raise Unaccepted(str(e)) from None
+    except BaseException:
+        release(dest)
+        raise
+
+
 def release(path: Path) -> None:
     """A run's bounded directory gone: unmounted if it is a mount point, removed."""
     if os.path.ismount(path):

@@ -91,7 +91,7 @@ def main() -> int:
         for name, values in results.items():
             print(f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |")
     finally:
-        compiled.remove(work)
+        scratch.release(work)
     return 0
 
 

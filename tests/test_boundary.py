@@ -64,12 +64,12 @@ def test_a_link_a_compile_phase_leaves_in_its_base_is_never_mounted(tmp_path, sm
     (base / "headers").symlink_to("/")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    with pytest.raises(compiled.Unaccepted, match="headers"):
+    with pytest.raises(scratch.Unaccepted, match="headers"):
         compiled.private_copy(base, run_dir)
     assert not (run_dir / sandbox.COMPILE_DIR).exists()
     (base / "headers").unlink()
     os.mkfifo(base / "pipe")
-    with pytest.raises(compiled.Unaccepted, match="pipe"):
+    with pytest.raises(scratch.Unaccepted, match="pipe"):
         compiled.private_copy(base, run_dir)
     (base / "pipe").unlink()
     os.rename(base / "h", base / "headers")
