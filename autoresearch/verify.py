@@ -79,7 +79,7 @@ def plan(repo: Path, config: Tag, rows: list[ledger.Row], options: Options = Opt
     out = Plan(champion)
     source = show(repo, champion)
     if options.ablation:
-        ablation(repo, rows, champ, source, keeps, options, out)
+        ablation(repo, rows, keeps, options, out)
     if options.transfer:
         transfer(repo, config, source, options, out)
     return out
@@ -125,8 +125,9 @@ def reverted(repo: Path, keep: str, source: str) -> tuple[str | None, str]:
         return Path(tmp, EDITABLE).read_text(), ""
 
 
-def ablation(repo: Path, rows, champ: ledger.Row, source: str, keeps, options: Options, out: Plan) -> None:
+def ablation(repo: Path, rows, keeps, options: Options, out: Plan) -> None:
     """Each keep reverted, on the champion's seeds (interleaved, seed by seed, so drift spreads over all)."""
+    champ, source = decide.champion(rows), show(repo, out.champion)
     mine = sorted({r.seed for r in decide.finished(rows) if r.key == champ.key})
     want = options.seeds or max(len(mine), MIN_SEEDS)
     seeds = (mine + [s for s in range(study.FIRST_SEED, study.FIRST_SEED + want + len(mine))
@@ -235,7 +236,7 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
             run.wait_until_quiet(repo, log, None)
         bar = progress(p.budget, p.description) if progress else None
         try:
-            row = run_one(repo, config, (protection, fixed_half), the_plan.champion, p, bar, log)
+            row = run_one(execute.Context(repo, config, protection, fixed_half), the_plan.champion, p, bar, log)
         except KeyboardInterrupt:
             record.recover(repo, log, reason="interrupted by Ctrl-C")
             log("stopped; `autoresearch verify` again continues where this stopped")
@@ -249,10 +250,11 @@ def main(repo: Path, options: Options, log=print, progress=None) -> int:
     return 0
 
 
-def run_one(repo: Path, config: Tag, where: tuple, champion: str, p: Planned, on_progress, log) -> ledger.Row:
+def run_one(ctx: execute.Context, champion: str, p: Planned, on_progress, log) -> ledger.Row:
     """One planned run: its commit beside the branch, pending.json, train.py in the work tree, executed and
-    recorded as an experiment's run is, with status verify; train.py put back after."""
-    protection, fixed_half = where
+    recorded as an experiment's run is, with status verify; train.py put back after. ctx: the tag's, at its own
+    budget (the run's own is p.budget)."""
+    repo, config, protection, fixed_half = ctx.repo, ctx.config, ctx.protection, ctx.fixed_half
     commit = git.commit_with(repo, champion, EDITABLE, p.source, p.description)
     git.git(repo, "update-ref", f"{REF_PREFIX}{config.tag}/{commit}", commit)
     trial = record.Trial(state.new_run_id(), config.tag, champion, p.description, seed=p.seed,

@@ -45,7 +45,6 @@ def evaluate(prepare, request: Request) -> dict:
 
     def forward(x):
         return module(x.to(device))
-
     vocab = int(token_bytes.shape[0])
     with torch.no_grad(), prepare.autocast_for(torch.device(device).type, dtype):
         try:
@@ -82,11 +81,8 @@ def evaluate(prepare, request: Request) -> dict:
                 out["test_seconds"] = time.time() - t1
         except (Refused, Broken, prepare.PrepareError):
             raise
-        except MemoryError:
-            raise Broken("the exported model needs more memory than the evaluator may use "
-                         f"({memory_limit() / 2**30:.1f} GiB, 3/4 of this machine's memory)") from None
         except Exception as e:
-            if "alloc" in str(e).lower() and "memory" in str(e).lower():
+            if isinstance(e, MemoryError) or ("alloc" in str(e).lower() and "memory" in str(e).lower()):
                 raise Broken("the exported model needs more memory than the evaluator may use "
                              f"({memory_limit() / 2**30:.1f} GiB, 3/4 of this machine's memory)") from None
             raise Broken(f"the exported model failed to run ({type(e).__name__}: {str(e)[:500]})") from None
