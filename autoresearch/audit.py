@@ -48,8 +48,8 @@ def check(ctx: execute.Context, run_dir: Path, scores: tuple[float, float | None
             return f"run {run_dir.name} may be kept, and its exported model is gone: it cannot be audited"
         request = scoring.Request(str(out), str(scored["dtype"]), str(scored["device"]), float(scored["check_bpb"]),
                           float("inf"), draw=heldout.draw(ctx.config))
-        evaluation = harness.run_evaluation(ctx.fixed_half.sources, ctx.fixed_half.cache, request, execute.EVAL_TIMEOUT,
-                                            ctx.protection, on_start)
+        evaluation = harness.run_evaluation(ctx.fixed_half.sources, ctx.fixed_half.cache, request, ctx.protection,
+                                            on_start)
         if not isinstance(evaluation, dict):
             return f"run {run_dir.name}'s audit returned no verdict"
         state.atomic_json(run_dir / AUDIT, evaluation)

@@ -142,10 +142,9 @@ def run(repo: Path, seed: int, timeout: float | None, log=print) -> bool:
         return False
     from autoresearch.evaluator import harness
     from autoresearch.evaluator.scoring import Request
-    from autoresearch.execute import EVAL_TIMEOUT
     sources = {name: git.git(repo, "show", f"HEAD:{name}", strip=False).encode() for name in state.FIXED}
     request = Request(str(run_dir / sandbox.OUT_DIR), result["dtype"], result["device"], result["check_bpb"])
-    evaluation = harness.run_evaluation(sources, cache, request, EVAL_TIMEOUT, protection="bwrap")
+    evaluation = harness.run_evaluation(sources, cache, request, protection="bwrap")
     state.atomic_json(run_dir / state.EVALUATION, evaluation)
     if "val_bpb" not in evaluation or "refused" in evaluation or "error" in evaluation:
         log(f"{tail}\nthe evaluation did not score it: {evaluation.get('refused') or evaluation.get('error')}")

@@ -140,7 +140,7 @@ def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=pr
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
             return base
-        return _fill(fixed_half, name, wanted, config, protection, log)
+        return _fill(fixed_half, wanted, config, protection, log)
 
 
 def _start(dest: Path, bases: Path, start_from: str | None) -> str:
@@ -158,12 +158,13 @@ def _start(dest: Path, bases: Path, start_from: str | None) -> str:
     return "empty"
 
 
-def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, log) -> Path:
+def _fill(fixed_half, wanted: Wanted, config: Tag, protection: str, log) -> Path:
     """The compile phase of `wanted`, and its base: the phase writes a scratch base (a tmpfs of BASE_LIMIT where
     the harness may mount: a phase cannot fill the disk), in a cgroup of its own (memory, processes, all killed
     after it) with every file capped; what it leaves becomes the base on disk only as check() accepts it, copied
     by the harness; anything else and the base is empty (its runs compile cold)."""
-    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), config.threads_per_run()
+    cache, name, threads = fixed_half.cache, key(wanted.config_id, config), config.threads_per_run()
+    base = base_dir(cache, name)
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     phase_base = work / "base"
     try:

@@ -23,8 +23,6 @@ from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.probes import CAUSAL_PROBES
 from autoresearch.tagconfig import Tag
 
-EVAL_TIMEOUT = 1200   # seconds for the harness's evaluation of one model
-
 
 @dataclass
 class Execution:
@@ -311,7 +309,7 @@ def evaluated(ctx: Context, attempt: Attempt, evaluator: harness.Evaluator, fact
                       draw=heldout.draw(ctx.config),
                       # audited when its series is kept (audit), or never: no deeper probing now
                       **({"audit_probes": CAUSAL_PROBES} if pending.trial.audit_at_keep else {}))
-    evaluation = evaluator.run(request, EVAL_TIMEOUT, on_start=evaluator_started)
+    evaluation = evaluator.run(request, on_start=evaluator_started)
     if pending.trial.audit_at_keep:
         evaluation["audit_at_keep"] = True
     evaluation["outside_s"] = round(facts.took - facts.budget, 3)

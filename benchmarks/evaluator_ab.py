@@ -48,14 +48,14 @@ def main() -> None:
     sources = {n: (ROOT / n).read_bytes() for n in ("prepare.py", "runtime.py")}
     dt, check = result["dtype"], result["check_bpb"]
     a = old.run_evaluation(src, out, dt, "cpu", check, float("inf"), cache, timeout=900)
-    b = new.run_evaluation(sources, cache, Request(str(out), dt, "cpu", check), 900)
+    b = new.run_evaluation(sources, cache, Request(str(out), dt, "cpu", check))
     walls = {"old": [], "new": []}
     for _ in range(3):  # alternating: both share the same minutes of the machine
         t = time.time()
         old.run_evaluation(src, out, dt, "cpu", check, 0.0, cache, timeout=900)
         walls["old"].append(time.time() - t)
         t = time.time()
-        new.run_evaluation(sources, cache, Request(str(out), dt, "cpu", check, 0.0), 900)
+        new.run_evaluation(sources, cache, Request(str(out), dt, "cpu", check, 0.0))
         walls["new"].append(time.time() - t)
     print(json.dumps({"dtype": dt,
                       "old": {k: a.get(k) for k in ("val_bpb", "test_bpb", "check_bpb", "causal_probes", "seconds")},

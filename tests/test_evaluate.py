@@ -374,7 +374,7 @@ def test_a_python_whose_packages_come_through_pythonpath_evaluates(tmp_path):
             "r = Request(sys.argv[1], 'float32', 'cpu', 1.0); "
             "print(json.dumps(run_evaluation({n: (Path(sys.argv[2]) / n).read_bytes() "
             "for n in ('prepare.py', 'runtime.py')}, "
-            "Path(sys.argv[1]), r, 120)))")
+            "Path(sys.argv[1]), r)))")
     proc = subprocess.run([str(base), "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=packages), timeout=300)
     out = json.loads(proc.stdout.strip().splitlines()[-1])

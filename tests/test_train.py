@@ -77,7 +77,7 @@ def test_a_short_run_trains_exports_and_the_harness_reproduces_its_val_bpb(small
     from autoresearch.evaluator.scoring import Request
     from autoresearch.evaluator.scoring import CHECK_TOLERANCE
     request = Request(str(run_dir), result["dtype"], "cpu", result["check_bpb"])
-    evaluation = run_evaluation({n: (ROOT / n).read_bytes() for n in FIXED}, small_cache, request, timeout=300)
+    evaluation = run_evaluation({n: (ROOT / n).read_bytes() for n in FIXED}, small_cache, request)
     tolerance = CHECK_TOLERANCE[result["dtype"]]
     assert abs(evaluation["val_bpb"] - result["val_bpb"]) <= tolerance, (evaluation, result["val_bpb"])
     assert abs(evaluation["check_bpb"] - result["check_bpb"]) <= tolerance

@@ -18,6 +18,7 @@ from autoresearch import processes, sandbox
 from .scoring import Request
 
 
+TIMEOUT = 1200               # seconds for one evaluation of one model
 PREFIX = "autoresearch-eval-"  # an evaluator's private directory, in the temporary directory
 OWNER = "owner.json"          # in it: the identity of the harness that made it (processes.identity)
 
@@ -101,7 +102,7 @@ class Evaluator:
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      stdin=subprocess.PIPE, start_new_session=True)
 
-    def run(self, request: Request, timeout: float, on_start=None) -> dict:
+    def run(self, request: Request, on_start=None) -> dict:
         """Evaluate the finished run `request` names. Call it only once the training's whole process tree has
         ended. on_start(pid) is called first, so that a harness killed meanwhile can be cleaned up after."""
         early = self.proc is not None
@@ -111,9 +112,9 @@ class Evaluator:
             if on_start:
                 on_start(self.proc.pid)
             stdout, stderr = self.proc.communicate(json.dumps(asdict(request)) + "\n" if early else None,
-                                                   timeout=timeout)
+                                                   timeout=TIMEOUT)
         except subprocess.TimeoutExpired:
-            return {"error": f"the evaluation took longer than {timeout:.0f} s"}
+            return {"error": f"the evaluation took longer than {TIMEOUT:.0f} s"}
         finally:
             self.close()
         lines = stdout.strip().splitlines()
@@ -129,8 +130,8 @@ class Evaluator:
         shutil.rmtree(self.private, ignore_errors=True)
 
 
-def run_evaluation(sources: dict[str, bytes], cache: Path, request: Request, timeout: float,
-                   protection: str = "none", on_start=None) -> dict:
+def run_evaluation(sources: dict[str, bytes], cache: Path, request: Request, protection: str = "none",
+                   on_start=None) -> dict:
     """An Evaluator on the finished run `request` names, at once (Evaluator.run)."""
-    return Evaluator(sources, cache, Path(request.run_dir), protection).run(request, timeout, on_start)
+    return Evaluator(sources, cache, Path(request.run_dir), protection).run(request, on_start)
 
