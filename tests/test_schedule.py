@@ -571,3 +571,24 @@ def test_no_module_uses_another_modules_private_names():
             if re.search(rf"(?<![\w.])({names})\._[a-z]", text):
                 found.append(f"{path.relative_to(root)}:{n}: {text.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_architecture_table_is_the_code_s():
+    """docs/architecture.md's table of modules names every module of the package once, each in the layer its
+    imports give it (one more than the highest it imports): the picture a newcomer reads is the code's."""
+    from pathlib import Path
+    graph = package_imports()
+    layers: dict[str, int] = {}
+
+    def layer(name):
+        if name not in layers:
+            layers[name] = 1 + max((layer(d) for d in graph[name]), default=-1)
+        return layers[name]
+    modules = {n for n in graph if n not in ("__init__", "evaluator", "evaluator.__main__")}
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    listed = re.findall(r"^\| (\d+) \| `([\w.]+)` \|", text, re.M)
+    names = [name for _, name in listed]
+    assert sorted(names) == sorted(set(names)), "listed twice: " + ", ".join(n for n in set(names) if names.count(n) > 1)
+    assert set(names) == modules, f"missing: {sorted(modules - set(names))}, not a module: {sorted(set(names) - modules)}"
+    wrong = [f"{name}: {given}, the code's {layer(name)}" for given, name in listed if int(given) != layer(name)]
+    assert not wrong, "\n".join(wrong)
