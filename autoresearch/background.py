@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from autoresearch import fixed, git, processes, record, sandbox, state, supervise, tags, untrusted
+from autoresearch import fixed, git, processes, record, sandbox, state, supervise, tagconfig, untrusted
 from autoresearch.errors import HarnessError
 
 
@@ -126,7 +126,7 @@ def run(repo: Path, seed: int, timeout: float | None, log=print) -> bool:
     (run_dir / sandbox.OUT_DIR).mkdir(parents=True)
     (run_dir / sandbox.SOURCE).write_bytes(untrusted.work_tree_source(repo))  # what the sandbox shows
     view = sandbox.make_view(run_dir, cache, manifest)
-    limit = timeout or tags.default_timeout(budget, "wall")
+    limit = timeout or tagconfig.default_timeout(budget, "wall")
     launch = supervise.Launch(repo, run_dir, seed, limit, view, threads=len(os.sched_getaffinity(0)),
                               wrap=lambda argv: sandbox.wrap(argv, repo, run_dir, cache, manifest))
     log(f"training {state.EDITABLE} in the sandbox for {budget:g} s (seed {seed}, killed after {limit:.0f} s); "

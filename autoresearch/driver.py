@@ -47,7 +47,7 @@ class Driver:
     def __init__(self, repo: Path, config: Tag, args, ray, gpu: bool, log=print):
         self.repo, self.config, self.args, self.ray, self.log = repo, config, args, ray, log
         self.rule = config.rule(args.decision)
-        pins = tags.pin_problems(config, "bwrap" if config.protection == "bwrap" else "none", self.rule, None)
+        pins = config.pin_problems("bwrap" if config.protection == "bwrap" else "none", self.rule, None)
         if pins:
             raise errors.HarnessError("; ".join(pins) + ": a tag's rules are fixed at setup; set up a new tag for others")
         self.results = state.results(repo)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch import (cgroups, compiled, descriptions, fixed, git, guard, heldout, processes, sandbox, scratch,
-                          state, supervise, tags, untrusted)
+                          state, supervise, tagconfig, untrusted)
 from autoresearch.errors import HarnessError
 from autoresearch.evaluator import harness, safe_read, scoring
 from autoresearch.evaluator.probes import CAUSAL_PROBES
@@ -170,7 +170,7 @@ def _execute(ctx: Context, attempt: Attempt, out: Path) -> Execution:
         return refused
     half = ctx.fixed_half
     view = sandbox.make_view(run_dir, half.cache, half.manifest, config.peak_flops)
-    timeout = min(attempt.timeout or config.timeout_s or tags.default_timeout(config.budget_s, config.clock),
+    timeout = min(attempt.timeout or config.timeout_s or tagconfig.default_timeout(config.budget_s, config.clock),
                   config.timeout_s or float("inf"))
     watch = guard.Guard(ctx.repo, exclude=[run_dir, attempt.pending.path])
     cgroup, how = (None, "") if config.accounting == "none" else cgroups.make(run_dir.name)
@@ -231,7 +231,7 @@ def _after_training(ctx: Context, attempt: Attempt, held: Held, training: superv
 def boundary(config, out: Path) -> bool:
     """The run's boundary as its tag recorded it (fail closed: never a run with less), and out/ a tmpfs of the
     tag's size where this user may mount one (True) or a directory on the disk (False)."""
-    problems = tags.boundary_problems(config)
+    problems = config.boundary_problems()
     if problems:
         raise HarnessError("; ".join(problems))
     try:

@@ -195,7 +195,7 @@ def admission(repo: Path, config: Tag, protection: str, rule: str, timeout: floa
               changed: list[str]) -> str | None:
     """Why a run may not start, or None: weaker settings than the tag's pins, files other than train.py
     changed, a train.py over the tag's size limit, or a machine or fixed half unlike the tag's (preflight)."""
-    pins = tags.pin_problems(config, protection, rule, timeout)
+    pins = config.pin_problems(protection, rule, timeout)
     if pins:
         return ("; ".join(pins) + ". A tag's rules are fixed at setup: run without those options, or set up a new "
                 "tag with the settings you want")

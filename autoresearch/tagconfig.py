@@ -4,10 +4,11 @@ of every field for tags written before it existed. Read it with `read`; write it
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from autoresearch import heldout
+from autoresearch import cgroups, heldout
 from autoresearch import scratch as scratch_
 from autoresearch.errors import HarnessError
 
@@ -15,6 +16,7 @@ MAX_TRAIN_BYTES = 100_000  # a train.py larger than this is refused (the tag rec
 #                            ~25 KB, and a file of many times that is data (embedded text to train on), not code
 OLD_ALLOWANCE = 30.0       # a tag from before allowances were recorded had a fixed 30 s on the cpu profile
 DEFAULT_RULE = "stat"      # the decision rule of a tag that names none (decide.RULES)
+TIMEOUT_MARGIN = 120      # seconds on top of twice the budget, for startup, compilation and export
 REQUIRED = ("tag", "branch", "fingerprint", "budget_s", "base_commit")
 
 
@@ -33,7 +35,7 @@ class Tag:
     # the rules pinned at setup; None: a tag from before pins, whose runs choose their own
     protection: str | None = None     # bwrap or none
     decision: str | None = None       # stat or naive
-    timeout_s: float | None = None    # the hard timeout (None: tags.default_timeout)
+    timeout_s: float | None = None    # the hard timeout (None: default_timeout)
     allowance_s: float = OLD_ALLOWANCE  # seconds allowed outside the budget (startup, export)
     max_train_bytes: int = MAX_TRAIN_BYTES
     max_carried_bytes: int = heldout.LIMIT_BYTES  # what train.py may carry beyond its base, compressed
@@ -76,6 +78,39 @@ class Tag:
         hw = hw or self.hardware or machine.hardware()
         return f"{hw['device']} {hw['name']}" if hw["device"] == "cuda" else f"{hw['device']} x{self.threads_per_run()}"
 
+    def pin_problems(self, protection: str, rule: str, timeout: float | None) -> list[str]:
+        """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
+        problems = []
+        pinned = self.protection
+        if pinned == "bwrap" and protection != "bwrap":
+            problems.append("this tag was set up with the bubblewrap sandbox, and this run asked for none "
+                            "(--sandbox off, or bubblewrap no longer works here)")
+        if self.decision and rule != self.decision:
+            problems.append(f"this tag decides by the {self.decision} rule, and this run asked for {rule}")
+        if timeout is not None and self.timeout_s and timeout > self.timeout_s:
+            problems.append(f"this tag's timeout is {self.timeout_s:g} s, and this run asked for {timeout:g} s")
+        problems += self.boundary_problems()
+        raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
+        if raw and float_or_none(raw) != self.allowance_s:
+            problems.append(f"this tag allows {self.allowance_s:g} s outside the budget, and "
+                            f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
+        return problems
+
+    def boundary_problems(self) -> list[str]:
+        """Where this machine cannot now build a run's boundary as the tag recorded it at setup: its runs are refused,
+        never run with less (issue 50)."""
+        problems = []
+        if self.accounting not in (None, "none"):
+            got = cgroups.available()
+            if got != self.accounting:
+                problems.append(f"this tag's runs are measured and bounded in a {self.accounting} of their own, and "
+                                f"none can be made now ({cgroups.make('probe')[1]}): run as the user who set the tag "
+                                "up (root, for cgroup v1), or set up a new tag here")
+        if self.scratch == "tmpfs" and not scratch_.can_mount():
+            problems.append("this tag's runs write out/ on a tmpfs of its size, and only root may mount one: run as "
+                            "root, or set up a new tag as this user (out/ then lies on the disk: docs/integrity.md)")
+        return problems
+
 
 def read(path: Path) -> Tag:
     """The tag recorded at path; a damaged record is a clear error."""
@@ -89,3 +124,16 @@ def read(path: Path) -> Tag:
         raise HarnessError(f"{path} is damaged (no {', '.join(missing)}). Restore it from a backup, or start a new "
                            "tag with `autoresearch setup --tag NEWTAG` (results.tsv keeps every row).")
     return Tag.from_json(data)
+
+
+def default_timeout(budget: float, clock: str) -> float:
+    """The hard timeout: twice the budget plus a margin (four times on the cpu clock, where a busy machine
+    stretches the budget's wall time)."""
+    return (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
+
+
+def float_or_none(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None

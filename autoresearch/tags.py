@@ -4,7 +4,7 @@
 fingerprint, the budget and its clock, the hardware and its measured peak FLOP/s, and the rules (protection,
 decision rule, hard timeout, allowance outside the budget, largest train.py and what it may carry beyond the
 base, compressed), and the id of its secret draw of scored rows (heldout.py). A run asking for weaker settings
-is refused (pin_problems); a run from a machine or fixed half that differs is refused (preflight).
+is refused (Tag.pin_problems); a run from a machine or fixed half that differs is refused (preflight).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from autoresearch import (cgroups, confine, decide, fixed, git, heldout, ledger,
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import DEFAULT_RULE, Tag
 
-TIMEOUT_MARGIN = 120  # seconds on top of twice the budget, for startup, compilation and export
 # Seconds a run may take beyond its budget until its process ends (startup, the last step's overshoot, export,
 # the check), recorded in the tag at setup. Fixed, not a share of the budget: what happens outside the budget does
 # not grow with it, and a training that owns its clock could spend an unused share training (docs/integrity.md).
@@ -80,7 +79,7 @@ def setup(repo: Path, tag: str, threads: int | None = None, sandbox_mode: str = 
     config = Tag(tag=tag, branch=name, fingerprint=fingerprint, budget_s=budget, clock=clock,
                  base_commit=git.head(repo), fixed_sha256=digests, hardware=hardware,
                  created=time.strftime("%Y-%m-%dT%H:%M:%S"), protection=protection, decision=rule,
-                 allowance_s=outside_allowance(profile), timeout_s=timeout or default_timeout(budget, clock),
+                 allowance_s=outside_allowance(profile), timeout_s=timeout or tagconfig.default_timeout(budget, clock),
                  draw_id=heldout.new_draw(), compile_cache=compile_cache_mode(),
                  accounting=cgroups.available(), scratch="tmpfs" if scratch.can_mount() else "disk",
                  out_limit_bytes=scratch.out_limit(),
@@ -117,12 +116,6 @@ def compile_cache_mode() -> str:
     return mode
 
 
-def default_timeout(budget: float, clock: str) -> float:
-    """The hard timeout: twice the budget plus a margin (four times on the cpu clock, where a busy machine
-    stretches the budget's wall time)."""
-    return (2 if clock == "wall" else 4) * budget + TIMEOUT_MARGIN
-
-
 def machine_peaks(sources: dict[str, bytes], threads: int, hardware: dict) -> dict:
     """measure_peaks, remembered per machine, thread count and torch in a file beside the data cache that only the
     harness writes (a sandboxed training cannot see it): setting up a tag costs ~4 s of probing once per
@@ -157,55 +150,13 @@ def measure_peaks(sources: dict[str, bytes], threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def pin_problems(config: Tag, protection: str, rule: str, timeout: float | None) -> list[str]:
-    """Where a run asks for weaker settings than its tag pinned at setup (tags from before pins: none)."""
-    problems = []
-    pinned = config.protection
-    if pinned == "bwrap" and protection != "bwrap":
-        problems.append("this tag was set up with the bubblewrap sandbox, and this run asked for none "
-                        "(--sandbox off, or bubblewrap no longer works here)")
-    if config.decision and rule != config.decision:
-        problems.append(f"this tag decides by the {config.decision} rule, and this run asked for {rule}")
-    if timeout is not None and config.timeout_s and timeout > config.timeout_s:
-        problems.append(f"this tag's timeout is {config.timeout_s:g} s, and this run asked for {timeout:g} s")
-    problems += boundary_problems(config)
-    raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
-    if raw and float_or_none(raw) != config.allowance_s:
-        problems.append(f"this tag allows {config.allowance_s:g} s outside the budget, and "
-                        f"AUTORESEARCH_OUTSIDE_ALLOWANCE asks for {raw}")
-    return problems
-
-
-def boundary_problems(config: Tag) -> list[str]:
-    """Where this machine cannot now build a run's boundary as the tag recorded it at setup: its runs are refused,
-    never run with less (issue 50)."""
-    problems = []
-    if config.accounting not in (None, "none"):
-        got = cgroups.available()
-        if got != config.accounting:
-            problems.append(f"this tag's runs are measured and bounded in a {config.accounting} of their own, and "
-                            f"none can be made now ({cgroups.make('probe')[1]}): run as the user who set the tag "
-                            "up (root, for cgroup v1), or set up a new tag here")
-    if config.scratch == "tmpfs" and not scratch.can_mount():
-        problems.append("this tag's runs write out/ on a tmpfs of its size, and only root may mount one: run as "
-                        "root, or set up a new tag as this user (out/ then lies on the disk: docs/integrity.md)")
-    return problems
-
-
-def float_or_none(raw: str) -> float | None:
-    try:
-        return float(raw)
-    except ValueError:
-        return None
-
-
 def outside_allowance(profile: str) -> float:
     """Seconds a run may take beyond its budget until its process ends: startup (imports, data, model), the last
     step's overshoot, the export and check in prepare.finish (ALLOWANCE_FIXED); AUTORESEARCH_OUTSIDE_ALLOWANCE at
     setup overrides it. Recorded in the tag. See docs/integrity.md."""
     raw = os.environ.get("AUTORESEARCH_OUTSIDE_ALLOWANCE")
     if raw:
-        value = float_or_none(raw)
+        value = tagconfig.float_or_none(raw)
         if value is None or not value >= 0:
             raise HarnessError(f"AUTORESEARCH_OUTSIDE_ALLOWANCE={raw!r} is not a number of seconds.")
         return value

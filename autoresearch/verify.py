@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autoresearch import (compiled, decide, descriptions, execute, fixed, git, ledger, record, run, sites, state, study,
-                          tags, verified)
+                          tagconfig, tags, verified)
 from autoresearch.errors import HarnessError
 from autoresearch.tagconfig import Tag
 
@@ -274,7 +274,7 @@ def run_one(ctx: execute.Context, champion: str, p: Planned, on_progress, log) -
             raise HarnessError(str(e)) from None
         at_budget = config if p.budget == config.budget_s else dataclasses.replace(
             config, budget_s=p.budget,
-            timeout_s=max(config.timeout_s or 0, tags.default_timeout(p.budget, config.clock)))
+            timeout_s=max(config.timeout_s or 0, tagconfig.default_timeout(p.budget, config.clock)))
         ex = execute.execute(execute.Context(repo, at_budget, protection, fixed_half), execute.Attempt(
             run_dir, pending, compile_base=base, on_progress=on_progress))
         row = verification_row(at_budget, ex, trial)

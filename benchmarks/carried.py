@@ -62,7 +62,7 @@ def main() -> None:
         lines = big.splitlines(keepends=True)
         edited = b"".join(lines[:100] + [b"LR = 0.02  # a changed line\n" * 1] + lines[101:]
                           + [b"def added(x):\n    return x + 1\n"] * 1)
-        rows.append((f"the same, two lines changed", len(edited), zlib_dictionary(edited, big),
+        rows.append(("the same, two lines changed", len(edited), zlib_dictionary(edited, big),
                      heldout.carried_bytes(edited, big)))
     print(f"limit: {heldout.LIMIT_BYTES:,} bytes\n")
     print(f"| {'train.py against its base':<62} | bytes | zlib, base as dictionary | edit script (now) |")

@@ -26,7 +26,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from autoresearch import untrusted  # noqa: E402
-import tempfile  # noqa: E402
 
 # the reviewed train.py, imported from a scratch directory: never the work tree's (docs/integrity.md)
 REVIEWED = untrusted.write(Path(__file__).resolve().parent.parent, Path(tempfile.mkdtemp()))
