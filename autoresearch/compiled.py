@@ -65,12 +65,8 @@ def key(config_id: str, config: Tag) -> str:
     configuration alone, a base filled at 2 threads served a --workers 2 tag's runs (1 thread each) nothing: each
     compiled cold inside its budget (issue 34)."""
     hw = config.hardware or machine.hardware()
-    # the tag's measured peaks decide bf16 or float32 on a CPU (bf16 at 2x fp32's): on a 2-core AMD EPYC whose
-    # ratio sits near 2, two tags chose differently, and a base filled for float32 served a bf16 baseline nothing
-    # (its first step 46 s of a 30 s budget). Keyed by the peaks, a tag fills its own base
-    # and the Python environment: inductor's C++ kernels are keyed by their compile command, which holds torch's
-    # include paths; a base filled by another venv's python (same torch version) served a run nothing (its first
-    # step 60 s of a 30 s budget, 2026-12-02)
+    # the peaks: they decide bf16 or float32 on a CPU, and two tags on one machine may choose differently; the
+    # Python environment: a C++ kernel's key holds its compile command, with torch's include paths
     machine_id = hashlib.sha256(json.dumps([hw.get("device"), hw.get("name"), hw.get("torch"),
                                             config.peak_flops, sys.prefix], sort_keys=True).encode()).hexdigest()
     return f"{config_id}-{hw.get('device')}-t{config.threads_per_run()}-{machine_id[:8]}"
