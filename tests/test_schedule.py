@@ -473,6 +473,51 @@ def test_both_loops_run_the_control_rules_pairs_the_same_way(repo, env, tmp_path
         assert decided and all(r.decision.endswith("(beside controls)") for r in decided)
 
 
+# Columns whose values are the machine's or the moment's (ids, times, hosts), not the harness's decisions; commit
+# and config are kept as their order of first appearance (which rows share a commit or a train.py, not its hash)
+VOLATILE = ("run_id", "time", "wall_s", "load", "host", "device", "fingerprint")
+GOLDEN = "AUTORESEARCH_WRITE_GOLDEN"  # set: the test writes what it records as the expectation (once, reviewed)
+
+
+def stable_rows(rows: list[Row]) -> str:
+    """The ledger's rows, every column but VOLATILE, as results.tsv writes them; commits and configurations
+    (in the config column and where a description names one) renamed by their order of first appearance."""
+    order: dict[str, dict[str, str]] = {"commit": {}, "config": {}}
+    columns = [c for c in ledger.COLUMNS if c not in VOLATILE]
+    lines = ["\t".join(columns)]
+    for r in rows:
+        fields = dict(zip(ledger.COLUMNS, r.to_line().rstrip("\n").split("\t")))
+        for key, seen in order.items():
+            fields[key] = seen.setdefault(fields[key], f"{key}{len(seen) + 1}") if fields[key] else ""
+        lines.append(fields)
+    for fields in lines[1:]:  # a control's description names its candidate's configuration (its hash's start)
+        for config, name in order["config"].items():
+            fields["description"] = fields["description"].replace(config[:12], name)
+    lines[1:] = ["\t".join(fields[c] for c in columns) for fields in lines[1:]]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["stat", "control"])
+def test_a_short_loops_rows_are_the_ones_recorded_before(repo, env, tmp_path, monkeypatch, rule):
+    """The rows of one short night (six experiments, the deterministic training above, the sequential loop) are,
+    column by column, the ones tests/data/night-RULE.tsv recorded: a change of the house that moves code (the
+    Study, the Trial, a module folded into another) must leave every decision, seed, mean, flag and description
+    as it was. A change meant to alter them rewrites the file (AUTORESEARCH_WRITE_GOLDEN=1) in its own commit."""
+    import os
+    from pathlib import Path
+    for key in ("AUTORESEARCH_CACHE", "AUTORESEARCH_TIME_BUDGET", "AUTORESEARCH_COMPILE_CACHE",
+                "AUTORESEARCH_LOAD_LIMIT"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("AUTORESEARCH_PRUNE", "on")
+    got = stable_rows(night(repo, tmp_path, monkeypatch, parallel=False, rule=rule))
+    expected = Path(__file__).parent / "data" / f"night-{rule}.tsv"
+    if os.environ.get(GOLDEN):
+        expected.parent.mkdir(exist_ok=True)
+        expected.write_text(got)
+    assert got == expected.read_text()
+
+
 # --- the package's shape ----------------------------------------------------------------------------------------
 
 
