@@ -148,8 +148,7 @@ class Night:
                 self.turn = None
             self.begun += step.new
             try:
-                outcome = patiently(self.repo, self.args, description, self.log, self.give_up, lambda: (
-                    "asked to (.autoresearch/stop)" if self.stopping or self.stop() else "--hours reached"))
+                outcome = self.patiently(description)
             except KeyboardInterrupt:
                 record.recover(self.repo, self.log, reason="interrupted by Ctrl-C")
                 self.log("stopped; the experiment in flight is recorded as interrupted")
@@ -157,6 +156,27 @@ class Night:
             if outcome is None:
                 return 0
             self.recorded(outcome)
+
+    def patiently(self, description: str) -> run.Outcome | None:
+        """run.run_once with its progress bar, waiting again while the machine is busy (AUTORESEARCH_LOAD_WAIT ran
+        out); None when the night ends while it waits (give_up)."""
+        progress = Progress(self.config.budget_s, description)
+        try:
+            while True:
+                try:
+                    return run.run_once(self.repo, description, run.Options(
+                        rule=self.args.decision, sandbox_mode=self.args.sandbox, on_progress=progress, log=self.log,
+                        give_up=self.give_up))
+                except MachineBusy as e:  # a busy machine delays the night
+                    if self.give_up():
+                        progress.close()
+                        why = "asked to (.autoresearch/stop)" if self.stopping or self.stop() else "--hours reached"
+                        self.log(f"stopping while waiting for a quiet machine: {why}; nothing ran (train.py keeps "
+                                 "the proposed change, uncommitted)")
+                        return None
+                    self.log(f"still busy ({e}); waiting again")
+        finally:
+            progress.close()
 
     def propose(self) -> str | None:
         """The agent's next experiment (its description); None: it failed (counted in self.failures)."""
@@ -195,26 +215,6 @@ def begin(repo: Path, args, log) -> tuple:
                            + (sandbox.failure() if args.sandbox != "off" else "--sandbox off is refused for it"))
     record.recover(repo, log)
     return config, protection
-
-
-def patiently(repo: Path, args, description: str, log, give_up, why) -> run.Outcome | None:
-    """run.run_once with its progress bar, waiting again while the machine is busy (AUTORESEARCH_LOAD_WAIT ran
-    out); None when the night ends while it waits (give_up(); why() says why)."""
-    progress = Progress(tags.load_tag(repo).budget_s, description)
-    try:
-        while True:
-            try:
-                return run.run_once(repo, description, run.Options(
-                    rule=args.decision, sandbox_mode=args.sandbox, on_progress=progress, log=log, give_up=give_up))
-            except MachineBusy as e:  # a busy machine delays the night
-                if give_up():
-                    progress.close()
-                    log(f"stopping while waiting for a quiet machine: {why()}; nothing ran (train.py keeps the "
-                        "proposed change, uncommitted)")
-                    return None
-                log(f"still busy ({e}); waiting again")
-    finally:
-        progress.close()
 
 
 def dashboard_stop(repo: Path):

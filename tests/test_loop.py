@@ -245,7 +245,7 @@ def test_the_loop_stops_after_three_failed_proposals_in_a_row(monkeypatch):
     monkeypatch.setattr(loop.study, "next_run", lambda *a: study.Next("propose", new=True))
     monkeypatch.setattr(loop.tags, "config_of", lambda repo, commit: "c" * 12)
     monkeypatch.setattr(loop.git, "head", lambda repo: "0" * 40)
-    monkeypatch.setattr(loop, "patiently", lambda repo, args, description, *rest: ran.append(description) or "outcome")
+    monkeypatch.setattr(night, "patiently", lambda description: ran.append(description) or "outcome")
     assert night.run() == 1
     assert asked == ["fail", "fail", "try lr 0.02", "fail", "fail", "fail"] and ran == ["try lr 0.02"]
     assert logged.count("three failed proposals in a row: stopping") == 1
