@@ -34,17 +34,17 @@ def evaluate(prepare, request: Request) -> dict:
     t0 = time.time()
     device, dtype = request.device, request.dtype
     module, shape = load_program(prepare, Path(request.run_dir), device)  # on a GPU: its context made here too
-    load_seconds = time.time() - t0
+    out = {"device": device, "dtype": dtype, "load_seconds": time.time() - t0}
     batch_size, seq_len = shape if len(shape) == 2 else (None, None)
-    manifest = prepare.require_manifest()
-    if seq_len != manifest["max_seq_len"]:
+    if seq_len != prepare.require_manifest()["max_seq_len"]:
         raise Broken(f"the model was exported for inputs of shape {shape}; it must take (batch, "
-                     f"{manifest['max_seq_len']}) tokens")
+                     f"{prepare.require_manifest()['max_seq_len']}) tokens")
     token_bytes = prepare.Tokenizer.from_directory().get_token_bytes()
-    out = {"batch_size": batch_size, "device": device, "dtype": dtype, "load_seconds": load_seconds}
+    out["batch_size"] = batch_size
 
     def forward(x):
         return module(x.to(device))
+
     vocab = int(token_bytes.shape[0])
     with torch.no_grad(), prepare.autocast_for(torch.device(device).type, dtype):
         try:
@@ -71,8 +71,7 @@ def evaluate(prepare, request: Request) -> dict:
             tolerance = CPU_CAUSAL_TOLERANCE if torch.device(device).type == "cpu" else CAUSAL_TOLERANCE[dtype]
             may_keep = out["val_bpb"] < request.test_below  # it may be kept: the test split is scored
             out["audited"] = may_keep and request.audit_probes > request.probes  # and audited deeper, every such run
-            out["causal_probes"] = probes.check(forward, tolerance,
-                                                request.audit_probes if out["audited"] else None)
+            out["causal_probes"] = probes.check(forward, tolerance, request.audit_probes if out["audited"] else None)
             out["causal_seconds"] = time.time() - t1
             if may_keep:
                 t1 = time.time()
