@@ -43,21 +43,23 @@ DECISION_HELP = ("stat (default): the baseline runs 3 times, a candidate repeats
                  "naive: one run, kept when below the best single run (the public project's rule)")
 
 
-def checked(kind, ok, what: str):
-    """An argument type: `kind` of the text, if ok() says so; else a usage error naming what it must be."""
+def checked(name: str, kind, ok, what: str):
+    """An argument type: `kind` of the text, if ok() says so; else a usage error naming what it must be (argparse
+    names `name` for text that is not a number at all)."""
     def parse(text: str):
         value = kind(text)
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{text}: {what}")
         return value
+    parse.__name__ = name
     return parse
 
 
 # a seed of 4,000 digits reached the training whole (1.8 KB carried per run beside train.py's checked bytes); a NaN
 # timeout never killed a run, -1 killed every one at once
-seed = checked(int, lambda v: 0 <= v < 2**31, f"a seed is between 0 and {2**31 - 1}")
-seconds = checked(float, lambda v: 0 < v < 1e9, "give a number of seconds above 0")
-tokens = checked(int, lambda v: 1 <= v <= 100_000, "between 1 and 100,000 tokens")
+seed = checked("seed", int, lambda v: 0 <= v < 2**31, f"a seed is between 0 and {2**31 - 1}")
+seconds = checked("seconds", float, lambda v: 0 < v < 1e9, "give a number of seconds above 0")
+tokens = checked("tokens", int, lambda v: 1 <= v <= 100_000, "between 1 and 100,000 tokens")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -136,7 +136,7 @@ def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=pr
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if ready(cache, name) is not None and base.is_dir():  # another worker filled it meanwhile
             return base
-        return _fill(fixed_half, wanted, config, protection, log)
+        return _fill(fixed_half, name, wanted, config, protection, log)
 
 
 def _start(dest: Path, bases: Path, start_from: str | None) -> str:
@@ -149,18 +149,20 @@ def _start(dest: Path, bases: Path, start_from: str | None) -> str:
             copy_base(seed, dest)
             return f"a copy of base {start_from}"
         except (OSError, Unaccepted):  # pruned meanwhile, or holding what no run may get: from empty
-            scratch.empty(dest)
+            if os.path.lexists(dest):
+                scratch.empty(dest)
+            else:  # a copy that failed halfway removed it (copy_base): the phase's bounded directory again
+                scratch.bounded_dir(dest, BASE_LIMIT)
     (dest / "headers").mkdir(parents=True, exist_ok=True)
     return "empty"
 
 
-def _fill(fixed_half, wanted: Wanted, config: Tag, protection: str, log) -> Path:
+def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, log) -> Path:
     """The compile phase of `wanted`, and its base: the phase writes a scratch base (a tmpfs of BASE_LIMIT where
     the harness may mount: a phase cannot fill the disk), in a cgroup of its own (memory, processes, all killed
     after it) with every file capped; what it leaves becomes the base on disk only as check() accepts it, copied
     by the harness; anything else and the base is empty (its runs compile cold)."""
-    cache, name, threads = fixed_half.cache, key(wanted.config_id, config), config.threads_per_run()
-    base = base_dir(cache, name)
+    cache, base, threads = fixed_half.cache, base_dir(fixed_half.cache, name), config.threads_per_run()
     work = Path(tempfile.mkdtemp(prefix="autoresearch-compile-"))
     phase_base = work / "base"
     try:

@@ -404,3 +404,18 @@ def test_the_allowance_outside_the_budget_does_not_grow_with_it(monkeypatch):
     from autoresearch import tags
     monkeypatch.delenv("AUTORESEARCH_OUTSIDE_ALLOWANCE", raising=False)
     assert tags.outside_allowance("cpu") == 15.0 and tags.outside_allowance("gpu") == 30.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "-m", "x", "--seed", "abc"], "argument --seed: invalid seed value: 'abc'"),
+    (["run", "-m", "x", "--seed", "-1"], "argument --seed: -1: a seed is between 0 and 2147483647"),
+    (["run", "-m", "x", "--seed", "9" * 4000], "a seed is between 0 and 2147483647"),
+    (["wait", "--timeout", "nan"], "argument --timeout: nan: give a number of seconds above 0"),
+    (["wait", "--timeout", "soon"], "argument --timeout: invalid seconds value: 'soon'"),
+    (["sample", "--tokens", "0"], "argument --tokens: 0: between 1 and 100,000 tokens"),
+])
+def test_a_bad_option_value_is_a_usage_error_naming_the_option_and_what_it_takes(argv, message, capsys):
+    from autoresearch import cli
+    with pytest.raises(SystemExit) as exit:
+        cli.build_parser().parse_args(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err

@@ -225,6 +225,30 @@ def test_a_base_keeps_no_setuid_bit_and_nothing_writable_by_others(tmp_path):
     assert stat.S_IMODE((base / "headers").stat().st_mode) == 0o755
 
 
+def test_a_seed_base_that_fails_to_copy_starts_the_new_base_empty_and_bounded(tmp_path, monkeypatch):
+    """A new configuration's base starts as a copy of the tag's base configuration's; when that copy fails halfway
+    (the seed pruned meanwhile, a file swapped for a FIFO after the check) the new base starts empty, on the
+    bounded directory the phase was given. The failed copy used to remove that directory (unmounting its tmpfs)
+    and the fallback then crashed on it: FileNotFoundError out of the compile phase."""
+    from autoresearch.evaluator import safe_read
+    bases = tmp_path / "bases"
+    (bases / "seed" / "headers").mkdir(parents=True)
+    (bases / "seed" / "graph.bin").write_bytes(b"x" * 100)
+    (bases / "seed.done").write_text("{}")
+    dest = tmp_path / "base"
+    mounted = scratch.bounded_dir(dest, 1 << 20)
+
+    def vanished(src, dst, limit):
+        raise FileNotFoundError(2, "No such file or directory", str(src))
+    monkeypatch.setattr(safe_read, "copy_regular", vanished)
+    try:
+        assert compiled._start(dest, bases, "seed") == "empty"
+        assert (dest / "headers").is_dir() and not (dest / "graph.bin").exists()
+        assert os.path.ismount(dest) == mounted  # still the bounded directory the phase was given
+    finally:
+        scratch.release(dest)
+
+
 def test_a_compile_phase_runs_bounded_by_the_kernel(tmp_path, small_cache, monkeypatch):
     """The phase in a cgroup of its own (memory, processes; all of it killed after) with every file capped, on a
     scratch base (a tmpfs where the harness may mount): it wrote 513 MB of real disk, unbounded, for up to 300 s."""
