@@ -139,7 +139,7 @@ def ensure_base(fixed_half, config: Tag, wanted: Wanted, protection: str, log=pr
         return _fill(fixed_half, name, wanted, config, protection, log)
 
 
-def _start(dest: Path, bases: Path, start_from: str | None) -> str:
+def begin_base(dest: Path, bases: Path, start_from: str | None) -> str:
     """A new base at `dest` (an empty directory): a copy of the ready base `start_from` in `bases` (the tag's base
     configuration's: what the two share compiles warm), or empty. What it started from, for the log."""
     seed = bases / start_from if start_from else None
@@ -167,7 +167,7 @@ def _fill(fixed_half, name: str, wanted: Wanted, config: Tag, protection: str, l
     phase_base = work / "base"
     try:
         scratch.bounded_dir(phase_base, BASE_LIMIT)
-        started = _start(phase_base, root(cache), key(wanted.start_from, config) if wanted.start_from else None)
+        started = begin_base(phase_base, root(cache), key(wanted.start_from, config) if wanted.start_from else None)
         (work / "train.py").write_text(wanted.source)
         fixed.write_sources(fixed_half.sources, work)
         view = sandbox.make_view(work, cache, fixed_half.manifest, config.peak_flops, tokens=False)

@@ -14,9 +14,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+import optuna  # space.py's distributions import it anyway
+
 from autoresearch import decide, descriptions, git, ideas, ledger, state
 from autoresearch.sites import NOT_A_VALUE, EditError, literal, read_constants, set_constants
 from autoresearch.space import SPACES, consequences, in_space, parameters, rounded
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 TOKENS_PER_PARAM = 20     # compute-optimal training sees about 20 tokens per parameter (Hoffmann et al. 2022)
 FIT_BAND = 8              # more than this factor off it (the model sqrt(8) ~ 2.8x off its compute-optimal size, past
@@ -175,10 +180,6 @@ class TPEProposer(SourceProposer):
     name = "tpe"
 
     def __init__(self, repo: Path, tag: str, profile: str, seq_len: int, seed: int = 0):
-        import optuna  # here, not at the top: 0.5 s that only this proposer needs
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        self.optuna = optuna
         super().__init__(repo, tag, profile, seq_len, seed)
         self.space = SPACES[profile]
         self.sources: dict[str, str | None] = {}  # commit -> its train.py (None: gone from git)
@@ -204,7 +205,6 @@ class TPEProposer(SourceProposer):
         running now, as running trials: with constant_liar TPE counts them as bad results, so that proposals made
         side by side differ instead of piling onto one promising region."""
         rows = self._rows()
-        optuna = self.optuna
         self.study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
             seed=self.seed + len(rows) + len(running), n_startup_trials=5, multivariate=True, constant_liar=True))
         self.rng = random.Random(self.seed + len(rows))
@@ -222,16 +222,16 @@ class TPEProposer(SourceProposer):
                 continue  # only refused or interrupted so far: nothing learned about it
             seen.add(key)
             params = self._params_of(source)
-            trial = self.optuna.trial.create_trial(
+            trial = optuna.trial.create_trial(
                 params=params, distributions={k: self.space[k] for k in params}, value=means.get(key),
-                state=self.optuna.trial.TrialState.COMPLETE if key in means else optuna.trial.TrialState.FAIL,
+                state=optuna.trial.TrialState.COMPLETE if key in means else optuna.trial.TrialState.FAIL,
                 user_attrs={"config": key, "description": row.description})
             self.study.add_trial(trial)
         for i, source in enumerate(running):
             params = self._params_of(source)
-            self.study.add_trial(self.optuna.trial.create_trial(
+            self.study.add_trial(optuna.trial.create_trial(
                 params=params, distributions={k: self.space[k] for k in params},
-                state=self.optuna.trial.TrialState.RUNNING, user_attrs={"config": f"running-{i}"}))
+                state=optuna.trial.TrialState.RUNNING, user_attrs={"config": f"running-{i}"}))
 
     def propose_source(self, source: str, running: list[str] = (), in_flight: list[str] = ()) -> tuple[str, str]:
         """A changed copy of `source` (the champion's train.py) and its description; `running`: see sync."""
@@ -242,7 +242,7 @@ class TPEProposer(SourceProposer):
         for _ in range(50):
             trial = self.study.ask(self.space)
             sampled = {k: rounded(v) for k, v in trial.params.items()}
-            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)  # only configurations that ran count
+            self.study.tell(trial, state=optuna.trial.TrialState.FAIL)  # only configurations that ran count
             # TPE's values for one or two constants picked at random (picking the ones TPE moved furthest
             # favours constants whose default sits at the edge of the range, e.g. WEIGHT_DECAY 0.0)
             movable = sorted(k for k, v in sampled.items() if k in base and v != base[k])

@@ -242,7 +242,7 @@ def test_a_seed_base_that_fails_to_copy_starts_the_new_base_empty_and_bounded(tm
         raise FileNotFoundError(2, "No such file or directory", str(src))
     monkeypatch.setattr(safe_read, "copy_regular", vanished)
     try:
-        assert compiled._start(dest, bases, "seed") == "empty"
+        assert compiled.begin_base(dest, bases, "seed") == "empty"
         assert (dest / "headers").is_dir() and not (dest / "graph.bin").exists()
         assert os.path.ismount(dest) == mounted  # still the bounded directory the phase was given
     finally:
