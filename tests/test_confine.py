@@ -171,9 +171,10 @@ def test_an_agent_started_by_hand_runs_a_short_night_through_the_broker(repo, en
     assert all(r.protection == "bwrap" for r in recorded)
     assert "WARMDOWN_RATIO = 0.3" in sh(repo, "git", "show", f"{recorded[-1].commit}:train.py")
     # the agent's daemon ran nothing while either run trained (pause.py): two pauses, each longer than a run's
-    # training budget
+    # training budget (a daemon let run mid-training splits its run's pause in two shorter ones). Gaps over a second
+    # but shorter than a training are the machine stalling outside the runs, not pauses: not counted
     pauses = json.loads(proc.stdout.split("PAUSES ", 1)[1].splitlines()[0])
-    assert len(pauses) == 2 and min(pauses) > float(env["AUTORESEARCH_TIME_BUDGET"]), proc.stdout[-3000:]
+    assert len([p for p in pauses if p > float(env["AUTORESEARCH_TIME_BUDGET"])]) == 2, proc.stdout[-3000:]
     # the session's tokens (tokens.py): unknown (this agent records none), its runs all those of its stretch
     report = json.loads(cli(repo, "report", "--json", env=env).stdout)
     bill = report["tags"][0]["agent_tokens"]
