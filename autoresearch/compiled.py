@@ -264,6 +264,11 @@ def copy_base(base: Path, dest: Path, limit: int = BASE_LIMIT) -> None:
     """A copy of `base` at the new path `dest`, made of what check() accepts and nothing else (scratch.copy_accepted),
     with a `headers` directory. Unaccepted (dest removed) for anything else."""
     check(base, limit)
+    _copy_checked(base, dest, limit)
+
+
+def _copy_checked(base: Path, dest: Path, limit: int) -> None:
+    """copy_base once check() has passed: the copy refuses on the open descriptor what changed since."""
     scratch.copy_accepted(base, dest, limit)
     try:
         (dest / "headers").mkdir(exist_ok=True)
@@ -280,7 +285,7 @@ def private_copy(base: Path, run_dir: Path) -> Path:
     dest = run_dir / sandbox.COMPILE_DIR
     size = check(base)
     scratch.bounded_dir(dest, size + scratch.COMPILE_ROOM)
-    copy_base(base, dest)
+    _copy_checked(base, dest, BASE_LIMIT)  # checked just above: one walk of the base per run, not two
     return dest
 
 
