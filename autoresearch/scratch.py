@@ -227,7 +227,8 @@ def accepted_size(top: Path, limit: int) -> int:
     """Its bytes; raise Unaccepted unless the tree `top` (what code the harness ran wrote) holds directories and
     regular files only, at most `limit` bytes in all: no symbolic link, no device, FIFO or socket. Modes beyond
     0755 (setuid, setgid, sticky, writable by others) are cleared: a compile phase made /bin/sh setuid root in its
-    base. Call it once the code that wrote it has ended."""
+    base. A tree it cannot read whole (a directory it may not list, paths too long to name) is not accepted
+    either. Call it once the code that wrote it has ended."""
     total = 0
     # os.walk lists links to directories in dirs and never follows them; a directory it cannot list (mode 000, as
     # a user other than root) would hide what is in it from the count and the copy: an error, not a skip
@@ -245,6 +246,8 @@ def accepted_size(top: Path, limit: int) -> int:
                     os.chmod(path, stat.S_IMODE(st.st_mode) & 0o755)
     except RecursionError:  # a tree thousands of directories deep (Python's walk recurses before 3.12)
         raise Unaccepted("it is nested too deep") from None
+    except OSError as e:  # a directory it cannot list, a path too long to name: not accepted, never a crash
+        raise Unaccepted(f"it cannot be read whole ({_why(e, top)})") from None
     if total > limit:
         raise Unaccepted(f"it holds {total:,} bytes, more than the {limit:,} it may")
     return total
@@ -252,6 +255,11 @@ def accepted_size(top: Path, limit: int) -> int:
 
 def _raise(error: OSError) -> None:
     raise error
+
+
+def _why(error: OSError, top: Path) -> str:
+    where = os.path.relpath(error.filename, top)[:200] if isinstance(error.filename, str) else ""
+    return f"{error.strerror or error}{': ' + where if where else ''}"
 
 
 def copy_accepted(top: Path, dest: Path, limit: int) -> None:
@@ -272,6 +280,9 @@ def copy_accepted(top: Path, dest: Path, limit: int) -> None:
                     safe_read.copy_regular(Path(here) / name, dest / rel / name, limit)
                 except safe_read.Unsafe as e:
                     raise Unaccepted(str(e)) from None
+    except OSError as e:  # changed or unreadable since the check: not accepted, never a crash
+        release(dest)
+        raise Unaccepted(f"it cannot be copied whole ({_why(e, top)})") from None
     except BaseException:
         release(dest)
         raise

@@ -441,3 +441,29 @@ def test_a_tree_thousands_of_directories_deep_is_removed_without_recursion_or_fo
         os.chdir(here)
     assert scratch.remove_tree(top) and not top.exists()
     assert (outside / "keep").read_text() == "x"
+
+
+def test_a_base_too_deep_to_name_is_refused_not_a_crash(tmp_path):
+    """A training without bubblewrap can add to its compile base an empty chain of directories whose paths pass
+    PATH_MAX (or, as a user other than root, one directory it may not list): state() does not see it, so its own
+    run passes, and the next run's check raised OSError, which left that run unrecorded and the base in place for
+    every later run of the configuration (a helper's read). Now it is Unaccepted: the run is refused, the base
+    thrown away."""
+    base = tmp_path / "base"
+    (base / "headers").mkdir(parents=True)
+    (base / "graph.bin").write_bytes(b"x")
+    here = os.getcwd()
+    try:
+        os.chdir(base)
+        for _ in range(25):
+            os.mkdir("d" * 200)
+            os.chdir("d" * 200)
+    finally:
+        os.chdir(here)
+    try:
+        with pytest.raises(scratch.Unaccepted, match="cannot be read whole"):
+            compiled.check(base)
+        with pytest.raises(scratch.Unaccepted):
+            compiled.private_copy(base, tmp_path / "run")
+    finally:
+        scratch.remove_tree(base)
